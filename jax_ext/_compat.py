@@ -1,0 +1,104 @@
+"""Every jax import that is private or differs between jax versions lives here."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+import jax
+
+MIN_JAX = (0, 10, 2)
+NEWEST_TESTED = (0, 10)  # the newest minor release the test suite has run on
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+JAX_VERSION = _version_tuple(jax.__version__)
+if JAX_VERSION < MIN_JAX:
+    raise ImportError(
+        f"jax_ext needs jax >= {'.'.join(map(str, MIN_JAX))}, found jax {jax.__version__}; "
+        "upgrade with: pip install -U 'jax>=0.10.2' 'jaxlib>=0.10.2'")
+if JAX_VERSION[:2] > NEWEST_TESTED:
+    warnings.warn(
+        f"jax_ext was tested with jax {'.'.join(map(str, NEWEST_TESTED))}.x; jax "
+        f"{jax.__version__} is newer and may have changed the extension points jax_ext uses",
+        RuntimeWarning, stacklevel=2)
+
+from jax.extend.core import Primitive  # noqa: E402
+from jax.interpreters import ad, batching, mlir, xla  # noqa: E402
+from jax._src.lib.mlir import ir  # noqa: E402  (the MLIR bindings jax lowers with)
+
+Zero = ad.Zero
+is_undefined_primal = ad.is_undefined_primal
+apply_primitive = xla.apply_primitive
+
+
+def register_batcher(prim, rule):
+    """rule(axis_size, args, dims, **params) -> (out, out_dim)."""
+    table = getattr(batching, "fancy_primitive_batchers", None)
+    if table is not None:
+        table[prim] = lambda axis_data, args_, bdims_, **p: rule(axis_data.size, args_, bdims_, **p)
+    else:  # older layout: positional (args, dims) batchers without the axis size
+        raise RuntimeError("jax_ext: this jax has no fancy_primitive_batchers")
+
+
+def register_lowering(prim, rule, *, platform, cacheable: bool):
+    try:
+        mlir.register_lowering(prim, rule, platform=platform, cacheable=cacheable)
+    except TypeError:  # a jax without the `cacheable` switch
+        mlir.register_lowering(prim, rule, platform=platform)
+
+
+def impl_state(default: str = "auto"):
+    """A jax config option 'jax_ext_impl' (env JAX_EXT_IMPL) that is part of the jit cache
+    key, so a function traced under implementation("lax") is not reused under "native"."""
+    try:
+        from jax._src import config as jax_config
+        return jax_config.enum_state(
+            name="jax_ext_impl", enum_values=["auto", "native", "lax"], default=default,
+            help="jax_ext: run primitives natively on CPU ('native'), through lax ('lax'), "
+                 "or native where available ('auto').",
+            include_in_jit_key=True, include_in_trace_context=True)
+    except Exception:  # pragma: no cover - only on a jax without enum_state
+        return _ThreadLocalState(default)
+
+
+class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
+    def __init__(self, default):
+        import os
+        self._default = os.environ.get("JAX_EXT_IMPL", default)
+        self._local = threading.local()
+
+    @property
+    def value(self):
+        return getattr(self._local, "value", self._default)
+
+    @contextlib.contextmanager
+    def __call__(self, value):
+        old = self.value
+        self._local.value = value
+        try:
+            yield
+        finally:
+            self._local.value = old
+
+
+def is_donated_block_argument(value) -> bool:
+    """True when `value` is an argument of the function being lowered that the caller
+    donated (jit(..., donate_argnums=...)). Any surprise in the IR means 'no'."""
+    try:
+        if not isinstance(value, ir.BlockArgument):
+            return False
+        func = value.owner.owner
+        if func.operation.name != "func.func" or "arg_attrs" not in func.attributes:
+            return False
+        attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
+        return "jax.buffer_donor" in attrs or "tf.aliasing_output" in attrs
+    except Exception:
+        return False

@@ -1,0 +1,308 @@
+"""select / where / where3: three front-ends over one select primitive.
+
+The front-ends only validate and decide how each operand's dimensions map onto the
+result; the primitive ``jax_ext_select`` takes
+
+* ``out_shape``: the result shape;
+* ``dims``: for each operand (cond, x, y), the result dimension each of its dimensions
+  lies along (a size-1 dimension broadcasts). Dimensions of the result an operand does
+  not name are broadcast too. The native kernel reads such operands with zero strides,
+  so nothing is materialized, and vmap only has to extend the maps;
+* ``impl``: "native" or "lax", fixed when the primitive is bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _compat, _config, _lowering
+
+Zero = _compat.Zero
+
+select_p = _compat.Primitive("jax_ext_select")
+select_p.def_impl(lambda *args, **params: _compat.apply_primitive(select_p, *args, **params))
+
+_SCALAR_TYPES = (bool, int, float, complex)
+
+
+# --- front-end helpers --------------------------------------------------------------
+
+def _fmt(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _as_array(v, arg: str, fn: str):
+    if isinstance(v, _SCALAR_TYPES) and not isinstance(v, np.generic):
+        return v  # a weakly typed Python scalar: typed later against the other operand
+    try:
+        return jnp.asarray(v)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}: {e}")
+
+
+def _condition(c, arg: str, fn: str):
+    if isinstance(c, bool):
+        c = np.bool_(c)
+    c = _as_array(c, arg, fn)
+    if c.dtype != jnp.bool_:
+        raise TypeError(f"{fn}: {arg} must have dtype bool, got {c.dtype} with shape "
+                        f"{_fmt(c.shape)}")
+    return c
+
+
+def _values(x, y, names: tuple[str, str], fn: str):
+    """Both value operands with one dtype. A weakly typed scalar (Python scalar or
+    weakly typed array) takes the other operand's dtype; two strong dtypes must agree."""
+    x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
+    x_py, y_py = not hasattr(x, "dtype"), not hasattr(y, "dtype")
+    if x_py and y_py:
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        dt = jnp.result_type(x, y)
+        return x.astype(dt), y.astype(dt)
+    if x_py:
+        return jnp.asarray(x, dtype=y.dtype), y
+    if y_py:
+        return x, jnp.asarray(y, dtype=x.dtype)
+    if x.dtype == y.dtype:
+        return x, y
+    x_weak, y_weak = jax.typeof(x).weak_type, jax.typeof(y).weak_type
+    if x_weak and not y_weak:
+        return x.astype(y.dtype), y
+    if y_weak and not x_weak:
+        return x, y.astype(x.dtype)
+    raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
+                    f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
+                    f"{_fmt(y.shape)} (jax_ext never promotes; cast one explicitly)")
+
+
+def _broadcast_shapes(shapes, names, fn: str):
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        sizes = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        sizes.discard(1)
+        if len(sizes) > 1:
+            desc = ", ".join(f"{n}: {_fmt(s)}" for n, s in zip(names, shapes))
+            raise ValueError(f"{fn}: shapes do not broadcast ({desc})")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _right_aligned(ndim: int, rank: int) -> tuple[int, ...]:
+    return tuple(range(rank - ndim, rank))
+
+
+def _bind(cond, x, y, out_shape, dims):
+    return select_p.bind(cond, x, y, out_shape=tuple(int(d) for d in out_shape),
+                         dims=tuple(tuple(d) for d in dims), impl=_config.current())
+
+
+# --- public front-ends --------------------------------------------------------------
+
+def select(cond, then, else_, *, auto_broadcast: str = "numpy"):
+    """OpenVINO Select-1 / oneDNN Graph Select: ``cond ? then : else_``.
+
+    ``auto_broadcast="numpy"``: ``then`` and ``else_`` broadcast to each other (numpy
+    rules) giving shape ``S``; ``cond`` is then broadcast one way to ``S`` and never
+    enlarges the result. ``auto_broadcast="none"``: all three shapes must be equal.
+
+    In place (oneDNN): under ``jax.jit(..., donate_argnums=...)`` with ``then`` donated
+    and ``then.shape == S``, the result reuses ``then``'s buffer and the kernel only
+    writes blocks where ``cond`` has a false element. A call whose ``then`` is not a
+    donated argument of the jitted function gets a fresh output and no extra copy.
+    """
+    fn = "select"
+    if auto_broadcast not in ("numpy", "none"):
+        raise ValueError(f"{fn}: auto_broadcast must be 'numpy' or 'none', got {auto_broadcast!r}")
+    cond = _condition(cond, "cond", fn)
+    then, else_ = _values(then, else_, ("then", "else_"), fn)
+    names = ("cond", "then", "else_")
+    shapes = (cond.shape, then.shape, else_.shape)
+    if auto_broadcast == "none":
+        if not (cond.shape == then.shape == else_.shape):
+            desc = ", ".join(f"{n}: {_fmt(s)}" for n, s in zip(names, shapes))
+            raise ValueError(f"{fn}: auto_broadcast='none' needs identical shapes, got {desc}")
+        out = then.shape
+    else:
+        out = _broadcast_shapes(shapes[1:], names[1:], fn)
+        ok = cond.ndim <= len(out) and all(
+            c in (1, s) for c, s in zip(cond.shape[::-1], out[::-1]))
+        if not ok:
+            raise ValueError(f"{fn}: cond {_fmt(cond.shape)} cannot be broadcast one-way to the "
+                             f"shape {_fmt(out)} of then {_fmt(then.shape)} and else_ "
+                             f"{_fmt(else_.shape)}")
+    r = len(out)
+    return _bind(cond, then, else_, out,
+                 [_right_aligned(a.ndim, r) for a in (cond, then, else_)])
+
+
+def where(condition, x, y):
+    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together."""
+    fn = "where"
+    condition = _condition(condition, "condition", fn)
+    x, y = _values(x, y, ("x", "y"), fn)
+    out = _broadcast_shapes((condition.shape, x.shape, y.shape), ("condition", "x", "y"), fn)
+    r = len(out)
+    return _bind(condition, x, y, out, [_right_aligned(a.ndim, r) for a in (condition, x, y)])
+
+
+def where3(condition, x, y):
+    """TensorFlow Where3 (legacy Select): ``x`` and ``y`` have one shape; ``condition``
+    is a scalar, has that shape, or (rank >= 2) is a vector picking whole rows."""
+    fn = "where3"
+    condition = _condition(condition, "condition", fn)
+    x, y = _values(x, y, ("x", "y"), fn)
+    if x.shape != y.shape:
+        raise ValueError(f"{fn}: x and y must have the same shape, got x: {_fmt(x.shape)} and "
+                         f"y: {_fmt(y.shape)}")
+    r = x.ndim
+    if condition.shape == x.shape:
+        cdims = tuple(range(r))
+    elif condition.ndim == 0:
+        cdims = ()
+    elif r >= 2 and condition.ndim == 1 and condition.shape[0] == x.shape[0]:
+        cdims = (0,)  # row mode: the condition lies along the first dimension
+    else:
+        raise ValueError(f"{fn}: condition {_fmt(condition.shape)} must be a scalar, have the "
+                         f"shape of x {_fmt(x.shape)}, or (x of rank >= 2) be a vector of "
+                         f"length x.shape[0] = {x.shape[0] if r else '-'}")
+    return _bind(condition, x, y, x.shape, [cdims, tuple(range(r)), tuple(range(r))])
+
+
+# --- the primitive's rules ----------------------------------------------------------
+
+def _abstract_eval(cond, x, y, *, out_shape, dims, impl):
+    for name, a, d in zip(("cond", "x", "y"), (cond, x, y), dims):
+        if len(d) != a.ndim or len(set(d)) != len(d) or any(
+                not 0 <= o < len(out_shape) or a.shape[j] not in (1, out_shape[o])
+                for j, o in enumerate(d)):
+            raise ValueError(f"jax_ext_select: {name} {_fmt(a.shape)} does not map onto "
+                             f"{_fmt(out_shape)} with dims {d}")
+    if cond.dtype != np.bool_ or x.dtype != y.dtype:
+        raise TypeError(f"jax_ext_select: bad dtypes cond {cond.dtype}, x {x.dtype}, y {y.dtype}")
+    return x.update(shape=tuple(out_shape), dtype=x.dtype,
+                    weak_type=bool(x.weak_type and y.weak_type))
+
+
+select_p.def_abstract_eval(_abstract_eval)
+
+
+def _operand_strides(shape, d, out_shape):
+    """Element strides of an operand over out_shape (0 along broadcast dimensions)."""
+    st, dense = [0] * len(out_shape), _lowering.dense_strides(shape)
+    for j, o in enumerate(d):
+        if shape[j] != 1:
+            st[o] = dense[j]
+    return st
+
+
+def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl):
+    avals = ctx.avals_in
+    if not _lowering.native_dtype_ok(avals[1].dtype):
+        return None
+    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
+    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
+    # In place: alias x to the result when it is laid out like the result and the caller
+    # donated it. Aliasing a buffer that is not donated would make XLA copy it first,
+    # which costs more than it saves.
+    alias = (avals[1].shape == tuple(out_shape) and dims[1] == tuple(range(len(out_shape)))
+             and _compat.is_donated_block_argument(x))
+    return _lowering.ffi_call(ctx, "jax_ext_select_v1", (cond, x, y),
+                              aliases={1: 0} if alias else None, shape=shape,
+                              cond_strides=cs, x_strides=xs, y_strides=ys)
+
+
+def _expand(a, d, out_shape, trailing):
+    """broadcast_in_dim of `a` (dims mapped by `d`, then any trailing byte dims) onto
+    out_shape + trailing; broadcast_in_dim wants its dimensions sorted."""
+    order = sorted(range(len(d)), key=lambda j: d[j])
+    a = lax.transpose(a, order + list(range(len(d), a.ndim)))
+    r = len(out_shape)
+    bdims = tuple(d[j] for j in order) + tuple(range(r, r + a.ndim - len(d)))
+    return lax.broadcast_in_dim(a, tuple(out_shape) + tuple(trailing), bdims)
+
+
+def _lax_impl(cond, x, y, *, out_shape, dims, impl):
+    """broadcast_in_dim + select_n on the bytes of the values (bit-exact)."""
+    xb, yb = _lowering.to_bytes(x), _lowering.to_bytes(y)
+    trailing = xb.shape[x.ndim:]
+    out = lax.select_n(_expand(cond, dims[0], out_shape, trailing),
+                       _expand(yb, dims[2], out_shape, trailing),
+                       _expand(xb, dims[1], out_shape, trailing))
+    return _lowering.from_bytes(out, x.dtype)
+
+
+_lowering.register(select_p, _lax_impl, _native_lowering, inspects_operands=True)
+
+
+def _zero_scalar(dtype):
+    return jnp.zeros((), dtype)
+
+
+def _jvp(primals, tangents, *, out_shape, dims, impl):
+    cond, x, y = primals
+    _, tx, ty = tangents
+    out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl)
+    if type(tx) is Zero and type(ty) is Zero:
+        return out, Zero(jax.typeof(out).to_tangent_aval())
+    # A zero tangent is a scalar read with zero strides: nothing is materialized.
+    tdt = (ty if type(tx) is Zero else tx).dtype
+    tdims = list(dims)
+    if type(tx) is Zero:
+        tx, tdims[1] = _zero_scalar(tdt), ()
+    if type(ty) is Zero:
+        ty, tdims[2] = _zero_scalar(tdt), ()
+    return out, select_p.bind(cond, tx, ty, out_shape=out_shape, dims=tuple(tdims), impl=impl)
+
+
+def _unbroadcast(t, shape, d, out_shape):
+    """Transpose of reading an operand of `shape` through map `d`: sum the cotangent
+    over every result dimension the operand was broadcast along."""
+    t = jnp.sum(t, axis=tuple(o for o in range(len(out_shape)) if o not in d))
+    kept = sorted(d)
+    t = lax.transpose(t, [kept.index(o) for o in d])  # into the operand's dim order
+    ones = tuple(j for j in range(len(shape)) if shape[j] == 1 and t.shape[j] != 1)
+    if ones:
+        t = jnp.sum(t, axis=ones, keepdims=True)
+    return t
+
+
+def _transpose(ct, cond, x, y, *, out_shape, dims, impl):
+    if _compat.is_undefined_primal(cond):
+        raise ValueError("jax_ext_select is not linear in its condition")
+    outs = [None]
+    for k, arg in ((1, x), (2, y)):
+        if not _compat.is_undefined_primal(arg):
+            outs.append(None)
+        elif type(ct) is Zero:
+            outs.append(Zero(arg.aval))
+        else:
+            z = _zero_scalar(ct.dtype)
+            # ct where this operand was picked, 0 elsewhere: one more select.
+            pair = (ct, z) if k == 1 else (z, ct)
+            pdims = (dims[0], tuple(range(len(out_shape))), ()) if k == 1 else \
+                    (dims[0], (), tuple(range(len(out_shape))))
+            picked = select_p.bind(cond, *pair, out_shape=out_shape, dims=pdims, impl=impl)
+            outs.append(_unbroadcast(picked, arg.aval.shape, dims[k], out_shape))
+    return outs
+
+
+def _batch(axis_size, args, bdims, *, out_shape, dims, impl):
+    """One call with a new leading result dimension: a batched operand maps its batch
+    dimension onto it, an unbatched one is broadcast along it (zero stride)."""
+    new_dims = []
+    for d, bd in zip(dims, bdims):
+        nd = [o + 1 for o in d]
+        if bd is not None:
+            nd.insert(bd, 0)
+        new_dims.append(tuple(nd))
+    out = select_p.bind(*args, out_shape=(axis_size,) + tuple(out_shape),
+                        dims=tuple(new_dims), impl=impl)
+    return out, 0
+
+
+_compat.ad.primitive_jvps[select_p] = _jvp
+_compat.ad.primitive_transposes[select_p] = _transpose
+_compat.register_batcher(select_p, _batch)

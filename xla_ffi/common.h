@@ -1,0 +1,55 @@
+// Pieces shared by the kernels: element-width dispatch and argument checks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_ext {
+
+namespace ffi = xla::ffi;
+
+// The kernels only move bytes, so they are keyed on element width, not dtype: every
+// JAX dtype maps onto one of five unsigned types and bits are copied exactly (NaN
+// payloads, -0.0, signalling NaNs).
+struct U128 {
+  uint64_t lo, hi;
+};
+
+// Calls f(T{}) with the unsigned type of `width` bytes.
+template <typename F>
+ffi::Error DispatchWidth(size_t width, F&& f) {
+  switch (width) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+    case 16: return f(U128{});
+    default:
+      return ffi::Error::InvalidArgument("unsupported element width " + std::to_string(width) +
+                                         " bytes");
+  }
+}
+
+// Branch-free choice: reads both sides (they are always in bounds) so loops vectorize.
+template <typename T>
+inline T Pick(uint8_t c, T x, T y) {
+  const T m = static_cast<T>(-static_cast<T>(c != 0));
+  return static_cast<T>((x & m) | (y & static_cast<T>(~m)));
+}
+template <>
+inline U128 Pick<U128>(uint8_t c, U128 x, U128 y) {
+  const uint64_t m = -static_cast<uint64_t>(c != 0);
+  return {(x.lo & m) | (y.lo & ~m), (x.hi & m) | (y.hi & ~m)};
+}
+
+inline std::string ShapeString(ffi::Span<const int64_t> s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace jax_ext

@@ -1,0 +1,26 @@
+// The Python extension: hands each FFI handler to Python as a capsule.
+#include <nanobind/nanobind.h>
+
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+namespace jax_ext {
+extern "C" XLA_FFI_Error* SelectHandler(XLA_FFI_CallFrame*);
+}
+
+namespace {
+nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+}  // namespace
+
+NB_MODULE(_jax_ext, m) {
+  // Target names carry a version: a serialized (jax.export) program names them, so a
+  // change in a handler's operands or attributes gets a new name, never a new meaning.
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_ext_select_v1"] = Capsule(jax_ext::SelectHandler);
+    return d;
+  });
+}
