@@ -7,6 +7,7 @@ handler; elsewhere (or under ``implementation("lax")``) it lowers to lax.
 from ._config import implementation
 from ._native import native_available
 from ._select import select, where, where3
+from ._gather import gather
 
-__all__ = ["select", "where", "where3", "native_available", "implementation"]
+__all__ = ["select", "where", "where3", "gather", "native_available", "implementation"]
 __version__ = "0.1.0"

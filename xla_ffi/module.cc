@@ -7,6 +7,8 @@ namespace nb = nanobind;
 
 namespace jax_ext {
 extern "C" XLA_FFI_Error* SelectHandler(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* GatherHandler(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* ScatterAddHandler(XLA_FFI_CallFrame*);
 }
 
 namespace {
@@ -21,6 +23,8 @@ NB_MODULE(_jax_ext, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["jax_ext_select_v1"] = Capsule(jax_ext::SelectHandler);
+    d["jax_ext_gather_v1"] = Capsule(jax_ext::GatherHandler);
+    d["jax_ext_scatter_add_v1"] = Capsule(jax_ext::ScatterAddHandler);
     return d;
   });
 }

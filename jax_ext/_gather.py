@@ -1,0 +1,579 @@
+"""gather (Ascend asctile.gather): a gather primitive and its transpose, scatter-add.
+
+``jax_ext_gather(src, offsets, index, num_indices, pad_value)`` with static params
+
+* ``dim``: the indexed dimension of one ``src`` (after the batch dims);
+* ``row_len``: the padded length ``L`` of the result's last dimension;
+* ``check_bounds``: pad (True) or clamp (False) out-of-range rows;
+* ``nbatch``: the number of leading batch dimensions every operand carries. Each
+  operand's batch dimension is either the batch size or 1 (broadcast: the kernel reads
+  it with batch stride 0, nothing is materialized). vmap prepends one more;
+* ``impl``: "native" or "lax", fixed when the primitive is bound.
+
+Operands: ``offsets`` is one int64 vector of ``dim + 1`` values, ``num_indices`` an
+int64 scalar and ``pad_value`` a scalar of ``src``'s dtype -- always operands, static or
+traced, so one compiled program serves every value. ``index`` keeps its own integer
+dtype: the kernel reads any width and signedness and adds it to ``offsets[dim]`` in
+128-bit arithmetic, which is exact for uint64 indices too (a conversion to int64 would
+cost a pass and wrap uint64 values >= 2**63 into range).
+
+``jax_ext_scatter_add(ct, offsets, index, num_indices)`` is the transpose with respect to
+``src``; its extra params ``src_shape`` (one src) and ``out_bshape`` (the result's batch
+dims, 1 where several batch elements accumulate into one result).
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _compat, _config, _lowering
+
+Zero = _compat.Zero
+
+gather_p = _compat.Primitive("jax_ext_gather")
+gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
+scatter_add_p = _compat.Primitive("jax_ext_scatter_add")
+scatter_add_p.def_impl(
+    lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
+
+_I64_MIN, _I64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _fmt(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _is_int_dtype(dt) -> bool:
+    return jnp.issubdtype(dt, jnp.integer)
+
+
+def _static_int(v):
+    """A Python/numpy integer as int, None for anything else (bool is not an integer)."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return None
+
+
+def _int_scalar(v, what: str, fn: str):
+    """A static int or an integer 0-d array -> (static int or None, array or None)."""
+    s = _static_int(v)
+    if s is not None:
+        return s, None
+    if isinstance(v, (bool, np.bool_, float, complex)):
+        raise TypeError(f"{fn}: {what} must be an integer, got {type(v).__name__} {v!r}")
+    try:
+        a = jnp.asarray(v)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
+                        f"{type(v).__name__}: {e}")
+    if not _is_int_dtype(a.dtype):
+        raise TypeError(f"{fn}: {what} must have an integer dtype, got {a.dtype} with shape "
+                        f"{_fmt(a.shape)}")
+    if a.ndim != 0:
+        raise ValueError(f"{fn}: {what} must be a scalar, got shape {_fmt(a.shape)} "
+                         f"({a.dtype})")
+    return None, a
+
+
+def _to_i64(a, *, saturate_to=_I64_MAX):
+    """Integer scalar array -> int64; uint64 values above 2**63-1 saturate."""
+    if a.dtype == jnp.uint64:
+        a = jnp.minimum(a, np.uint64(saturate_to))
+    return a.astype(jnp.int64)
+
+
+def _row_len(last: int, itemsize: int, align_bytes) -> int:
+    if align_bytes is None:
+        return last
+    nbytes = last * itemsize
+    return -(-nbytes // align_bytes) * align_bytes // itemsize
+
+
+def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad_value=None,
+           align_bytes=32):
+    """Ascend ``asctile.gather``: rows of ``src`` picked by ``index`` along ``dim``.
+
+    For ``i < n = index.shape[0]`` with ``r = offsets[dim] + index[i]``::
+
+        result[i] = src[offsets[0], ..., offsets[dim-1], r, :, ..., :]
+
+    The result has shape ``(n, *src.shape[dim+1:-1], L)`` and ``src``'s dtype; ``L`` is
+    ``src.shape[-1]`` rounded up so that ``L * itemsize`` is a multiple of
+    ``align_bytes`` (``None``: no padding); the extra columns hold ``pad_value``.
+
+    * ``check_bounds=True``: a row whose ``offsets[:dim]`` or ``r`` lie outside ``src``
+      (negative included) holds ``pad_value``. ``check_bounds=False``: offsets and ``r``
+      are clamped into ``src`` (memory outside ``src`` is never read; an out-of-range row
+      holds the nearest edge row, and its gradient goes there). A ``src`` with no rows
+      to read gives pad rows either way.
+    * ``num_indices``: rows ``num_indices..n-1`` hold ``pad_value``. A static value must
+      lie in ``[0, n]``; a traced one is clamped to ``[0, n]``.
+    * ``pad_value``: ``None`` means 0; cast to ``src.dtype`` (as ``astype``).
+    * ``offsets``, ``num_indices``, ``pad_value`` may each be static or traced; they are
+      operands either way, so one compiled program serves every value.
+
+    Decisions where the contract is silent:
+
+    * ``offsets`` may also be a rank-1 integer array of length ``dim + 1``. Offsets are
+      64-bit: a static offset outside the int64 range raises ``ValueError``; a traced
+      ``uint64`` offset above ``2**63 - 1`` saturates to ``2**63 - 1``. ``offsets[dim] +
+      index[i]`` is computed exactly (no wrap-around), for uint64 indices too.
+    * ``dim`` must be a Python int (``TypeError`` otherwise, bool included); ``index``
+      must be an integer array, bool is not (``TypeError``); ``align_bytes`` must be a
+      positive int multiple of the itemsize (``ValueError``), sub-byte dtypes count as
+      1 byte.
+    * Values move bit for bit (NaN payloads, -0.0), natively and through lax.
+    * Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates
+      accumulate; padded rows and columns contribute nothing). Every element receives
+      its contributions in index order on every thread count (deterministic);
+      float16/bfloat16 accumulate in float32 and round once. ``pad_value`` gets the sum
+      of the cotangent over every padded position. ``offsets``, ``index`` and
+      ``num_indices`` get none.
+    """
+    fn = "gather"
+    try:
+        src = jnp.asarray(src)
+    except TypeError as e:
+        raise TypeError(f"{fn}: src must be an array, got {type(src).__name__}: {e}")
+    # dim
+    d = _static_int(dim)
+    if d is None:
+        raise TypeError(f"{fn}: dim must be a Python int, got {type(dim).__name__} {dim!r}")
+    if src.ndim >= 1 and d == src.ndim - 1:
+        raise NotImplementedError(
+            f"{fn}: dim={d} is the last dimension of src {_fmt(src.shape)} ({src.dtype}); "
+            "gathering single elements along the last dimension is not implemented")
+    if not 0 <= d < src.ndim - 1:
+        raise ValueError(f"{fn}: dim must satisfy 0 <= dim < src.ndim - 1 = {src.ndim - 1}, got "
+                         f"dim={d} for src {_fmt(src.shape)} ({src.dtype})")
+    dim = d
+    # offsets
+    if hasattr(offsets, "shape") and hasattr(offsets, "dtype") and np.ndim(offsets) == 1:
+        if not _is_int_dtype(offsets.dtype):
+            raise TypeError(f"{fn}: offsets must have an integer dtype, got {offsets.dtype} "
+                            f"with shape {_fmt(offsets.shape)}")
+        offsets = [offsets[k] for k in range(offsets.shape[0])]
+    elif isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__len__"):
+        raise TypeError(f"{fn}: offsets must be a sequence of dim + 1 = {dim + 1} integers, got "
+                        f"{type(offsets).__name__}")
+    offsets = list(offsets)
+    if len(offsets) != dim + 1:
+        raise ValueError(f"{fn}: offsets must hold dim + 1 = {dim + 1} values for dim={dim}, "
+                         f"got {len(offsets)}")
+    offs = []
+    for k, o in enumerate(offsets):
+        s, a = _int_scalar(o, f"offsets[{k}]", fn)
+        if s is not None:
+            if not _I64_MIN <= s <= _I64_MAX:
+                raise ValueError(f"{fn}: offsets[{k}]={s} does not fit in int64")
+            offs.append(jnp.asarray(s, jnp.int64))
+        else:
+            offs.append(_to_i64(a))
+    offsets_arr = jnp.stack(offs)
+    # index
+    try:
+        index = jnp.asarray(index)
+    except TypeError as e:
+        raise TypeError(f"{fn}: index must be an integer array, got {type(index).__name__}: {e}")
+    if index.ndim != 1:
+        raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
+                         f"({index.dtype})")
+    if not _is_int_dtype(index.dtype):
+        raise TypeError(f"{fn}: index must have an integer dtype, got {index.dtype} with shape "
+                        f"{_fmt(index.shape)}")
+    n = index.shape[0]
+    # num_indices
+    if num_indices is None:
+        num = jnp.asarray(n, jnp.int64)
+    else:
+        s, a = _int_scalar(num_indices, "num_indices", fn)
+        if s is not None:
+            if not 0 <= s <= n:
+                raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
+                                 f"{_fmt(index.shape)}")
+            num = jnp.asarray(s, jnp.int64)
+        else:
+            num = _to_i64(a, saturate_to=n)
+    # pad_value
+    if pad_value is None:
+        pad = jnp.zeros((), src.dtype)
+    else:
+        try:
+            p = jnp.asarray(pad_value)
+        except TypeError as e:
+            raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}: {e}")
+        if p.ndim != 0:
+            raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
+                             f"({p.dtype})")
+        if isinstance(pad_value, (int, float, complex, bool)) and not isinstance(pad_value, np.generic):
+            try:
+                pad = jnp.asarray(pad_value, dtype=src.dtype)
+            except OverflowError as e:
+                raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
+                                 f"{src.dtype}: {e}")
+        else:
+            pad = p.astype(src.dtype)
+    # align_bytes
+    itemsize = np.dtype(src.dtype).itemsize
+    if align_bytes is not None:
+        ab = _static_int(align_bytes)
+        if ab is None or ab <= 0 or ab % itemsize:
+            raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of src's "
+                             f"itemsize {itemsize} ({src.dtype}), got {align_bytes!r}")
+        align_bytes = ab
+    L = _row_len(src.shape[-1], itemsize, align_bytes)
+    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=int(L),
+                         check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+
+
+# --- shapes -------------------------------------------------------------------------
+
+def _batch_shape(avals, nbatch):
+    """The full batch shape: per dim, the largest operand extent (others are 1)."""
+    return tuple(max(a.shape[j] for a in avals) for j in range(nbatch))
+
+
+def _check_batch(name, a, bshape, nbatch, rest_rank):
+    if a.ndim != nbatch + rest_rank or any(
+            a.shape[j] not in (1, bshape[j]) for j in range(nbatch)):
+        raise ValueError(f"jax_ext_gather: {name} {_fmt(a.shape)} does not fit batch "
+                         f"{_fmt(bshape)}")
+
+
+def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
+                          impl):
+    bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
+    sshape = src.shape[nbatch:]
+    for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
+                       ("num_indices", num, 0), ("pad_value", pad, 0)):
+        _check_batch(name, a, bshape, nbatch, r)
+    if offsets.shape[-1] != dim + 1 or offsets.dtype != np.int64 or num.dtype != np.int64:
+        raise TypeError("jax_ext_gather: offsets/num_indices must be int64 of the right length")
+    if pad.dtype != src.dtype or not _is_int_dtype(index.dtype):
+        raise TypeError(f"jax_ext_gather: bad dtypes src {src.dtype}, pad {pad.dtype}, "
+                        f"index {index.dtype}")
+    n = index.shape[-1]
+    shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
+    return src.update(shape=shape, dtype=src.dtype, weak_type=bool(src.weak_type))
+
+
+def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
+                           check_bounds, nbatch, impl):
+    bshape = _batch_shape((ct, offsets, index, num), nbatch)
+    if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
+        raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
+    return ct.update(shape=tuple(out_bshape) + tuple(src_shape), dtype=ct.dtype,
+                     weak_type=bool(ct.weak_type))
+
+
+gather_p.def_abstract_eval(_gather_abstract_eval)
+scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
+
+
+# --- which rows are real: shared by the lax paths, the JVP and the pad gradient -----
+
+def _rows(offsets, index, num, *, sshape, dim, check_bounds):
+    """For operands with leading (broadcastable) batch dims: (valid, row), both of the
+    broadcast batch shape + (n,). `row` is the flat row of one src viewed as
+    (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
+    for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one."""
+    n = index.shape[-1]
+    i64 = jnp.int64
+    ok = jnp.ones(offsets.shape[:-1], bool)
+    p = jnp.zeros(offsets.shape[:-1], i64)
+    for k in range(dim):
+        o, s = offsets[..., k], sshape[k]
+        inr = (o >= 0) & (o < s)
+        ok = ok & (inr if check_bounds else (s > 0))
+        p = p * s + jnp.clip(o, 0, max(s - 1, 0))
+    R = sshape[dim]
+    odim = offsets[..., dim][..., None]
+    if index.dtype == jnp.uint64:
+        big = index >= np.uint64(2 ** 63)
+        mn = np.int64(_I64_MIN)
+        x = jnp.where(big, odim ^ mn, odim)
+        y = jnp.where(big, lax.bitcast_convert_type(index, i64) ^ mn, index.astype(i64))
+        huge = big & (odim >= 0)  # r >= 2**63: beyond every row
+    else:
+        x, y, huge = odim, index.astype(i64), None
+    r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
+    ovf = ((x >= 0) == (y >= 0)) & ((r >= 0) != (x >= 0))
+    neg = jnp.where(ovf, x < 0, r < 0)
+    over = jnp.where(ovf, x >= 0, r >= R)
+    if huge is not None:
+        neg, over = neg & ~huge, over | huge
+    inr = ~neg & ~over
+    rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
+    live = jnp.arange(n, dtype=i64) < num[..., None]
+    if check_bounds:
+        valid = ok[..., None] & inr & live
+    else:
+        valid = ok[..., None] & live & (R > 0)
+    row = jnp.where(valid, p[..., None] * R + rc, 0)
+    return valid, row
+
+
+def _batch_lin(ashape, bshape):
+    """Linear index over an operand's batch dims (size 1: broadcast) for every point of
+    the full batch shape: an int64 array of bshape."""
+    st = _lowering.dense_strides(ashape)
+    lin = jnp.zeros(bshape, jnp.int64)
+    for j, (a, b) in enumerate(zip(ashape, bshape)):
+        if a != 1:
+            lin = lin + lax.broadcasted_iota(jnp.int64, bshape, j) * st[j]
+    return lin
+
+
+def _pad_mask(valid, last, row_len, mid):
+    """True at every padded position of a result: bshape + (n, *mid, row_len)."""
+    col = jnp.arange(row_len) >= last
+    v = valid.reshape(valid.shape + (1,) * len(mid) + (1,))
+    return ~v | col
+
+
+def _byte_safe(dtype) -> bool:
+    return _lowering.native_dtype_ok(dtype)  # sub-byte types cannot be viewed as bytes
+
+
+# --- lax implementations --------------------------------------------------------------
+
+def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
+    bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
+    sb, sshape = src.shape[:nbatch], src.shape[nbatch:]
+    n = index.shape[-1]
+    mid = tuple(sshape[dim + 1:-1])
+    last = sshape[-1]
+    inner = int(np.prod(mid, dtype=np.int64))
+    rows = int(np.prod(sshape[:dim + 1], dtype=np.int64))
+    valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
+    valid = jnp.broadcast_to(valid, bshape + (n,))
+    bytes_ok = _byte_safe(src.dtype)
+    sbytes = _lowering.to_bytes(src) if bytes_ok else src
+    pbytes = _lowering.to_bytes(pad) if bytes_ok else pad
+    tail = sbytes.shape[src.ndim:]  # (itemsize,) or ()
+    out_rows_shape = bshape + (n, inner, last) + tail
+    total_src_rows = int(np.prod(sb, dtype=np.int64)) * rows
+    if total_src_rows > 0 and src.size > 0:
+        flat = sbytes.reshape((total_src_rows, inner, last) + tail)
+        ids = _batch_lin(sb, bshape)[..., None] * rows + row
+        g = jnp.take(flat, ids.reshape(-1), axis=0, mode="clip")
+        g = g.reshape(out_rows_shape)
+    else:
+        g = jnp.zeros(out_rows_shape, sbytes.dtype)
+    pb = pbytes.reshape(pad.shape + (1, 1, 1) + tail)
+    if row_len > last:
+        cols = jnp.broadcast_to(pb, bshape + (n, inner, row_len - last) + tail)
+        g = jnp.concatenate([g, cols], axis=nbatch + 2)
+    full = bshape + (n, inner, row_len) + tail
+    v = valid.reshape(bshape + (n, 1, 1) + (1,) * len(tail))
+    out = lax.select_n(jnp.broadcast_to(v, full), jnp.broadcast_to(pb, full), g)
+    out = out.reshape(bshape + (n,) + mid + (row_len,) + tail)
+    return _lowering.from_bytes(out, src.dtype) if bytes_ok else out
+
+
+def _acc_dtype(dt):
+    dt = np.dtype(dt)
+    if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
+        return np.dtype(np.float32)  # float16/bfloat16/float8 accumulate in float32
+    return dt
+
+
+def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds, nbatch,
+                 impl):
+    bshape = _batch_shape((ct, offsets, index, num), nbatch)
+    n = index.shape[-1]
+    mid = tuple(src_shape[dim + 1:-1])
+    last = src_shape[-1]
+    inner = int(np.prod(mid, dtype=np.int64))
+    rows = int(np.prod(src_shape[:dim + 1], dtype=np.int64))
+    total = int(np.prod(out_bshape, dtype=np.int64)) * rows
+    acc = _acc_dtype(ct.dtype)
+    valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
+    valid = jnp.broadcast_to(valid, bshape + (n,))
+    ids = _batch_lin(tuple(out_bshape), bshape)[..., None] * rows + row
+    ids = jnp.where(valid, ids, total).reshape(-1)  # out of range: dropped
+    upd = ct[..., :last].reshape((-1, inner, last)).astype(acc)
+    out = jnp.zeros((total, inner, last), acc).at[ids].add(upd, mode="drop")
+    return out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
+
+
+# --- native lowerings -----------------------------------------------------------------
+
+def _bstrides(ashape, bshape, slice_size):
+    """Element strides of an operand over the batch dims (0 where broadcast); at least
+    one batch dim is always passed, so an unbatched call has batch (1,), stride 0."""
+    if not bshape:
+        return [0]
+    st = _lowering.dense_strides(ashape)
+    return [st[j] * slice_size if ashape[j] != 1 else 0 for j in range(len(bshape))]
+
+
+def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
+                   impl):
+    avals = ctx.avals_in
+    if not _lowering.native_dtype_ok(avals[0].dtype):
+        return None
+    bshape = _batch_shape(avals, nbatch)
+    sshape = avals[0].shape[nbatch:]
+    slices = (int(np.prod(sshape, dtype=np.int64)), dim + 1, avals[2].shape[-1], 1, 1)
+    st = [_bstrides(a.shape[:nbatch], bshape, s) for a, s in zip(avals, slices)]
+    return _lowering.ffi_call(
+        ctx, "jax_ext_gather_v1", (src, offsets, index, num, pad), src_shape=list(sshape),
+        dim=dim, row_len=row_len, n=avals[2].shape[-1], check_bounds=check_bounds,
+        batch_shape=list(bshape) or [1], src_bstrides=st[0], offsets_bstrides=st[1],
+        index_bstrides=st[2], num_bstrides=st[3], pad_bstrides=st[4])
+
+
+_NATIVE_SCATTER = {np.dtype(t) for t in (
+    np.float32, np.float64, np.complex64, np.complex128, np.float16, jnp.bfloat16,
+    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)}
+
+
+def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds,
+                    nbatch, impl):
+    avals = ctx.avals_in
+    if np.dtype(avals[0].dtype) not in _NATIVE_SCATTER:
+        return None
+    bshape = _batch_shape(avals, nbatch)
+    size = int(np.prod(src_shape, dtype=np.int64))
+    n = avals[2].shape[-1]
+    return _lowering.ffi_call(
+        ctx, "jax_ext_scatter_add_v1", (ct, offsets, index, num), src_shape=list(src_shape),
+        dim=dim, row_len=avals[0].shape[-1], n=n, check_bounds=check_bounds,
+        batch_shape=list(bshape) or [1],
+        out_bstrides=_bstrides(tuple(out_bshape), bshape, size),
+        offsets_bstrides=_bstrides(avals[1].shape[:nbatch], bshape, dim + 1),
+        index_bstrides=_bstrides(avals[2].shape[:nbatch], bshape, n),
+        num_bstrides=_bstrides(avals[3].shape[:nbatch], bshape, 1))
+
+
+_lowering.register(gather_p, _gather_lax, _gather_native)
+_lowering.register(scatter_add_p, _scatter_lax, _scatter_native)
+
+
+# --- autodiff ---------------------------------------------------------------------------
+
+def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
+    src, offsets, index, num, pad = primals
+    ts, _, _, _, tp = tangents
+    params = dict(dim=dim, row_len=row_len, check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+    out = gather_p.bind(src, offsets, index, num, pad, **params)
+    if type(ts) is Zero and type(tp) is Zero:
+        return out, Zero(jax.typeof(out).to_tangent_aval())
+    if type(ts) is Zero:
+        # Only pad_value moves: its tangent at every padded position, 0 elsewhere.
+        sshape = src.shape[nbatch:]
+        valid, _ = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
+        mid = tuple(sshape[dim + 1:-1])
+        mask = _pad_mask(valid, sshape[-1], row_len, mid)
+        tpb = tp.reshape(tp.shape + (1,) * (1 + len(mid) + 1))
+        t = jnp.where(mask, tpb, jnp.zeros((), tp.dtype))
+        return out, jnp.broadcast_to(t, out.shape).astype(out.dtype)
+    if type(tp) is Zero:
+        tp = jnp.zeros((1,) * nbatch, ts.dtype)
+    return out, gather_p.bind(ts, offsets, index, num, tp, **params)
+
+
+def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
+                      impl):
+    for name, a in (("offsets", offsets), ("index", index), ("num_indices", num)):
+        if _compat.is_undefined_primal(a):
+            raise ValueError(f"jax_ext_gather is not linear in {name}")
+    s_undef, p_undef = _compat.is_undefined_primal(src), _compat.is_undefined_primal(pad)
+    src_aval = src.aval if s_undef else jax.typeof(src)
+    sshape = src_aval.shape[nbatch:]
+    outs = [None, None, None, None, None]
+    if type(ct) is Zero:
+        if s_undef:
+            outs[0] = Zero(src.aval)
+        if p_undef:
+            outs[4] = Zero(pad.aval)
+        return outs
+    if s_undef:
+        outs[0] = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
+                                     out_bshape=tuple(src_aval.shape[:nbatch]),
+                                     check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+    if p_undef:
+        valid, _ = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
+        mask = _pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
+        masked = jnp.where(mask, ct, jnp.zeros((), ct.dtype))
+        t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
+        pshape = pad.aval.shape
+        ones = tuple(j for j in range(nbatch) if pshape[j] == 1 and t.shape[j] != 1)
+        if ones:
+            t = jnp.sum(t, axis=ones, keepdims=True)
+        outs[4] = t.astype(pad.aval.dtype)
+    return outs
+
+
+def _scatter_jvp(primals, tangents, **params):
+    ct, offsets, index, num = primals
+    out = scatter_add_p.bind(ct, offsets, index, num, **params)
+    t = tangents[0]
+    if type(t) is Zero:
+        return out, Zero(jax.typeof(out).to_tangent_aval())
+    return out, scatter_add_p.bind(t, offsets, index, num, **params)
+
+
+def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bshape,
+                       check_bounds, nbatch, impl):
+    for name, a in (("offsets", offsets), ("index", index), ("num_indices", num)):
+        if _compat.is_undefined_primal(a):
+            raise ValueError(f"jax_ext_scatter_add is not linear in {name}")
+    if not _compat.is_undefined_primal(ct):
+        return [None] * 4
+    if type(cts) is Zero:
+        return [Zero(ct.aval), None, None, None]
+    row_len = ct.aval.shape[-1]
+    pad = jnp.zeros((1,) * nbatch, cts.dtype)
+    g = gather_p.bind(cts, offsets, index, num, pad, dim=dim, row_len=row_len,
+                      check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+    if g.shape != ct.aval.shape:  # ct's batch dims are always full; be safe anyway
+        g = jnp.broadcast_to(g, ct.aval.shape)
+    return [g, None, None, None]
+
+
+_compat.ad.primitive_jvps[gather_p] = _gather_jvp
+_compat.ad.primitive_transposes[gather_p] = _gather_transpose
+_compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
+_compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
+
+
+# --- batching ---------------------------------------------------------------------------
+
+def _lead(x, bd):
+    """Moves the new batch dim to the front, or adds a size-1 one (broadcast)."""
+    if bd is None:
+        return lax.expand_dims(x, (0,))
+    return jnp.moveaxis(x, bd, 0)
+
+
+def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch, impl):
+    args = [_lead(a, bd) for a, bd in zip(args, bdims)]
+    out = gather_p.bind(*args, dim=dim, row_len=row_len, check_bounds=check_bounds,
+                        nbatch=nbatch + 1, impl=impl)
+    if out.shape[0] != axis_size:  # cannot happen (some operand is batched)
+        out = jnp.broadcast_to(out, (axis_size,) + out.shape[1:])
+    return out, 0
+
+
+def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_bounds, nbatch,
+                   impl):
+    ct, offsets, index, num = [_lead(a, bd) for a, bd in zip(args, bdims)]
+    if bdims[0] is None:
+        # ct always carries the full batch shape (its transpose, gather, returns it).
+        ct = jnp.broadcast_to(ct, (axis_size,) + ct.shape[1:])
+    out = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=src_shape,
+                             out_bshape=(axis_size,) + tuple(out_bshape),
+                             check_bounds=check_bounds, nbatch=nbatch + 1, impl=impl)
+    return out, 0
+
+
+_compat.register_batcher(gather_p, _gather_batch)
+_compat.register_batcher(scatter_add_p, _scatter_batch)

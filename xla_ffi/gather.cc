@@ -1,0 +1,569 @@
+// Padded row gather (Ascend asctile.gather) and its transpose, scatter-add.
+//
+// Per batch element b (flattened over `batch_shape`; every operand is read at its own
+// element offset sum_d idx_d * <operand>_bstrides[d], 0 along dimensions it is broadcast
+// along, so nothing unbatched is materialized) and row i < n:
+//
+//   r = offsets[dim] + index[i]           (exact: 128-bit, never overflows)
+//   out[b, i] = src[b][offsets[0], ..., offsets[dim-1], r, :, ..., :]
+//
+// flattened as `inner = prod(src_shape[dim+1:-1])` sub-rows of `last = src_shape[-1]`
+// elements, each written with the padded row length `row_len` (columns past `last` hold
+// pad). Rows i >= num_indices, and (check_bounds) rows whose offsets or r fall outside
+// src, hold pad. Without check_bounds every offset and r is clamped into src, so no
+// caller value can make the kernel read outside it.
+//
+// Scatter-add is the transpose with respect to src: ct rows that gathered real data are
+// added into a zeroed output laid out like src (batch dims broadcast: several batch
+// elements accumulate into one output), padding columns and padded rows are dropped.
+// Every output element receives its contributions in (b, i, column) order whatever the
+// thread count: threads own disjoint columns (long rows) or disjoint output rows (short
+// rows), never the same element, so there are no lost updates and the result is
+// deterministic. float16/bfloat16 accumulate in float32 and round once at the end.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_ext {
+namespace {
+
+constexpr int kMaxRank = 64;
+constexpr int kMaxBatchRank = 64;
+constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
+
+std::string Msg(const char* op, const std::string& s) {
+  return std::string("jax_ext ") + op + ": " + s;
+}
+
+// Calls f(I{}) with the C++ type of an integer index buffer.
+template <typename F>
+ffi::Error DispatchIndex(ffi::DataType t, F&& f) {
+  switch (t) {
+    case ffi::DataType::S8: return f(int8_t{});
+    case ffi::DataType::S16: return f(int16_t{});
+    case ffi::DataType::S32: return f(int32_t{});
+    case ffi::DataType::S64: return f(int64_t{});
+    case ffi::DataType::U8: return f(uint8_t{});
+    case ffi::DataType::U16: return f(uint16_t{});
+    case ffi::DataType::U32: return f(uint32_t{});
+    case ffi::DataType::U64: return f(uint64_t{});
+    default: return ffi::Error::InvalidArgument("index must have an integer dtype of 8 to 64 bits");
+  }
+}
+
+// The geometry both kernels share, validated once.
+struct Geometry {
+  int rank = 0;
+  int dim = 0;
+  std::array<int64_t, kMaxRank> shape{};
+  std::array<int64_t, kMaxRank> stride{};  // dense element strides of one src
+  int64_t src_size = 0;                    // elements of one src
+  int64_t inner = 1;                       // sub-rows per result row
+  int64_t last = 0;                        // src_shape[-1]
+  int64_t row_len = 0;                     // padded result row length
+  int64_t n = 0;                           // indices per batch element
+  int brank = 0;
+  std::array<int64_t, kMaxBatchRank> bshape{};
+  int64_t batch = 1;  // prod(bshape)
+};
+
+// Element offset of batch element b for one operand.
+inline int64_t BatchOffset(const Geometry& g, const std::array<int64_t, kMaxBatchRank>& st,
+                           int64_t b) {
+  int64_t off = 0;
+  for (int d = g.brank - 1; d >= 0; --d) {
+    const int64_t q = b / g.bshape[d];
+    off += (b - q * g.bshape[d]) * st[d];
+    b = q;
+  }
+  return off;
+}
+
+ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> src_shape,
+                        int64_t dim, int64_t row_len, int64_t n,
+                        ffi::Span<const int64_t> batch_shape) {
+  const int64_t rank = static_cast<int64_t>(src_shape.size());
+  if (rank < 2 || rank > kMaxRank)
+    return ffi::Error::InvalidArgument(Msg(op, "src rank " + std::to_string(rank) +
+                                                   " outside [2, " + std::to_string(kMaxRank) + "]"));
+  if (dim < 0 || dim > rank - 2)
+    return ffi::Error::InvalidArgument(Msg(op, "dim " + std::to_string(dim) +
+                                                   " outside [0, " + std::to_string(rank - 2) +
+                                                   "] for src shape " + ShapeString(src_shape)));
+  g.rank = static_cast<int>(rank);
+  g.dim = static_cast<int>(dim);
+  int64_t acc = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    if (src_shape[d] < 0)
+      return ffi::Error::InvalidArgument(Msg(op, "bad src shape " + ShapeString(src_shape)));
+    g.shape[d] = src_shape[d];
+    g.stride[d] = acc;
+    if (__builtin_mul_overflow(acc, src_shape[d], &acc))
+      return ffi::Error::InvalidArgument(Msg(op, "src shape " + ShapeString(src_shape) +
+                                                     " overflows 64 bits"));
+  }
+  g.src_size = acc;
+  g.last = src_shape[rank - 1];
+  g.inner = 1;
+  for (int64_t d = dim + 1; d < rank - 1; ++d) g.inner *= src_shape[d];
+  if (row_len < g.last)
+    return ffi::Error::InvalidArgument(Msg(op, "row_len " + std::to_string(row_len) +
+                                                   " is shorter than the last src dimension " +
+                                                   std::to_string(g.last)));
+  g.row_len = row_len;
+  if (n < 0) return ffi::Error::InvalidArgument(Msg(op, "negative n"));
+  g.n = n;
+  const int64_t brank = static_cast<int64_t>(batch_shape.size());
+  if (brank < 1 || brank > kMaxBatchRank)
+    return ffi::Error::InvalidArgument(Msg(op, "batch rank " + std::to_string(brank) +
+                                                   " outside [1, " +
+                                                   std::to_string(kMaxBatchRank) + "]"));
+  g.brank = static_cast<int>(brank);
+  g.batch = 1;
+  for (int64_t d = 0; d < brank; ++d) {
+    if (batch_shape[d] < 0 || __builtin_mul_overflow(g.batch, batch_shape[d], &g.batch))
+      return ffi::Error::InvalidArgument(Msg(op, "bad batch shape " + ShapeString(batch_shape)));
+    g.bshape[d] = batch_shape[d];
+  }
+  return ffi::Error::Success();
+}
+
+// Checks that reading `slice` elements at every batch offset of `strides` stays inside a
+// buffer of `count` elements, and copies the strides.
+ffi::Error CheckOperand(const char* op, const char* name, const Geometry& g,
+                        ffi::Span<const int64_t> strides, int64_t slice, int64_t count,
+                        std::array<int64_t, kMaxBatchRank>& out) {
+  if (static_cast<int64_t>(strides.size()) != g.brank)
+    return ffi::Error::InvalidArgument(Msg(op, std::string(name) + " batch strides " +
+                                                   ShapeString(strides) +
+                                                   " do not match the batch rank " +
+                                                   std::to_string(g.brank)));
+  int64_t m = 0;
+  for (int d = 0; d < g.brank; ++d) {
+    if (strides[d] < 0)
+      return ffi::Error::InvalidArgument(Msg(op, std::string("negative batch stride for ") + name));
+    out[d] = strides[d];
+    int64_t t;
+    if (g.bshape[d] > 0 && (__builtin_mul_overflow(g.bshape[d] - 1, strides[d], &t) ||
+                            __builtin_add_overflow(m, t, &m)))
+      return ffi::Error::InvalidArgument(Msg(op, std::string(name) + " batch strides overflow"));
+  }
+  if (g.batch == 0 || slice == 0) return ffi::Error::Success();
+  int64_t need;
+  if (__builtin_add_overflow(m, slice, &need) || need > count)
+    return ffi::Error::InvalidArgument(
+        Msg(op, std::string(name) + ": batch strides " + ShapeString(strides) + " over batch " +
+                    ShapeString(ffi::Span<const int64_t>(g.bshape.data(), g.brank)) + " read " +
+                    std::to_string(slice) + " elements past the end of its " +
+                    std::to_string(count) + " elements"));
+  return ffi::Error::Success();
+}
+
+// Per batch element: where its rows start in src (flat row index into the
+// (prod(shape[:dim+1]), inner * last) view of one src), or that every row is pad.
+struct RowBase {
+  bool ok;       // outer offsets valid (or clamped)
+  int64_t base;  // flat index of row (offsets[0..dim-1], 0)
+  int64_t odim;  // offsets[dim]
+  int64_t rows;  // src_shape[dim]
+};
+
+inline RowBase BaseOf(const Geometry& g, const int64_t* offs, bool check) {
+  RowBase rb{true, 0, offs[g.dim], g.shape[g.dim]};
+  int64_t p = 0;
+  for (int k = 0; k < g.dim; ++k) {
+    int64_t o = offs[k];
+    const int64_t s = g.shape[k];
+    if (o < 0 || o >= s) {
+      if (check || s == 0) rb.ok = false;
+      o = o < 0 ? 0 : s - 1;
+    }
+    p = p * s + o;  // < prod(shape[:k+1]) <= src_size: no overflow
+  }
+  if (rb.rows == 0) rb.ok = false;
+  rb.base = p * rb.rows;
+  return rb;
+}
+
+// Row r = odim + idx of the dim axis, exactly; false when the row is pad.
+template <typename I>
+inline bool RowOf(const RowBase& rb, I idx, bool check, int64_t* r) {
+  const __int128 v = static_cast<__int128>(rb.odim) + static_cast<__int128>(idx);
+  if (v >= 0 && v < rb.rows) {
+    *r = static_cast<int64_t>(v);
+    return true;
+  }
+  if (check) return false;
+  *r = v < 0 ? 0 : rb.rows - 1;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// gather
+
+ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
+                      ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> src_shape,
+                      int64_t dim, int64_t row_len, int64_t n, bool check_bounds,
+                      ffi::Span<const int64_t> batch_shape, ffi::Span<const int64_t> src_bstrides,
+                      ffi::Span<const int64_t> offsets_bstrides,
+                      ffi::Span<const int64_t> index_bstrides,
+                      ffi::Span<const int64_t> num_bstrides,
+                      ffi::Span<const int64_t> pad_bstrides) {
+  const char* op = "gather";
+  Geometry g;
+  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  const ffi::DataType dt = out->element_type();
+  if (src.element_type() != dt || pad.element_type() != dt)
+    return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
+  if (offsets.element_type() != ffi::DataType::S64 || num.element_type() != ffi::DataType::S64)
+    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int64"));
+  std::array<int64_t, kMaxBatchRank> sst{}, ost{}, ist{}, nst{}, pst{};
+  if (auto e = CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
+                            offsets.element_count(), ost);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst);
+      e.failure())
+    return e;
+  const int64_t row_out = g.inner * g.row_len;  // elements of one result row
+  int64_t total_rows, total;
+  if (__builtin_mul_overflow(g.batch, g.n, &total_rows) ||
+      __builtin_mul_overflow(total_rows, row_out, &total) ||
+      total != static_cast<int64_t>(out->element_count()))
+    return ffi::Error::InvalidArgument(
+        Msg(op, "result has " + std::to_string(out->element_count()) + " elements, expected " +
+                    std::to_string(g.batch) + " x " + std::to_string(g.n) + " x " +
+                    std::to_string(g.inner) + " x " + std::to_string(g.row_len)));
+  if (total == 0) return ffi::Error::Success();
+
+  const size_t width = ffi::ByteWidth(dt);
+  return DispatchWidth(width, [&](auto wtag) -> ffi::Error {
+    using T = decltype(wtag);
+    return DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
+      using I = decltype(itag);
+      const T* sp = static_cast<const T*>(src.untyped_data());
+      const int64_t* op_ = static_cast<const int64_t*>(offsets.untyped_data());
+      const I* ip = static_cast<const I*>(index.untyped_data());
+      const int64_t* np_ = static_cast<const int64_t*>(num.untyped_data());
+      const T* pp = static_cast<const T*>(pad.untyped_data());
+      T* o = static_cast<T*>(out->untyped_data());
+      const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
+      const int64_t row_src = inner * last;
+      const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
+      const int64_t min_chunk =
+          std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
+      ParallelFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
+        int64_t cur = -1, k = 0;
+        RowBase rb{};
+        const T* s = nullptr;
+        const I* ix = nullptr;
+        T pv{};
+        for (int64_t u = begin; u < end; ++u) {
+          const int64_t b = u / nn, i = u - b * nn;
+          if (b != cur) {
+            cur = b;
+            s = sp + BatchOffset(g, sst, b);
+            ix = ip + BatchOffset(g, ist, b);
+            rb = BaseOf(g, op_ + BatchOffset(g, ost, b), check_bounds);
+            const int64_t kk = np_[BatchOffset(g, nst, b)];
+            k = std::clamp<int64_t>(kk, 0, nn);
+            pv = pp[BatchOffset(g, pst, b)];
+          }
+          T* orow = o + u * row_out;
+          int64_t r = 0;
+          if (i >= k || !rb.ok || !RowOf(rb, ix[i], check_bounds, &r)) {
+            std::fill_n(orow, row_out, pv);
+            continue;
+          }
+          const T* srow = s + (rb.base + r) * row_src;
+          if (L == last) {
+            std::memcpy(orow, srow, static_cast<size_t>(row_src) * sizeof(T));
+          } else {
+            for (int64_t j = 0; j < inner; ++j) {
+              std::memcpy(orow + j * L, srow + j * last, last_bytes);
+              std::fill_n(orow + j * L + last, L - last, pv);
+            }
+          }
+        }
+      });
+      return ffi::Error::Success();
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// scatter-add
+
+inline float Bf16ToF32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t F32ToBf16(float f) {  // round to nearest even; NaN -> canonical quiet NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u & 0x80000000u) ? 0xffc0 : 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float F16ToF32(uint16_t h) {
+  _Float16 x;
+  std::memcpy(&x, &h, 2);
+  return static_cast<float>(x);
+}
+inline uint16_t F32ToF16(float f) {
+  const _Float16 x = static_cast<_Float16>(f);
+  uint16_t h;
+  std::memcpy(&h, &x, 2);
+  return h;
+}
+
+// How a dtype is accumulated: Acc is the adding type, `scale` the Acc values per element
+// (2 for complex), and Load/Store convert stored 16-bit floats.
+enum class Conv { kNone, kF16, kBF16 };
+
+template <typename Acc, Conv C>
+ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data,
+                      void* out_data, int64_t out_elems, int scale, const int64_t* targets,
+                      int64_t total_rows) {
+  using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
+  const int64_t E = g.inner * g.last * scale;     // Acc values per src row
+  const int64_t L = g.row_len * scale;            // Acc values per padded ct sub-row
+  const int64_t last = g.last * scale;
+  const int64_t row_ct = g.inner * L;             // Acc values per ct row
+  const int64_t out_n = out_elems * scale;        // Acc values in the output
+  const Stored* ct = static_cast<const Stored*>(ct_data);
+  std::vector<Acc> scratch;
+  Acc* acc;
+  if constexpr (C == Conv::kNone) {
+    acc = static_cast<Acc*>(out_data);
+    ParallelFor(pool, out_n, std::max<int64_t>(1, kMinChunkBytes / int64_t(sizeof(Acc))),
+                [&](int64_t b, int64_t e) {
+                  std::memset(acc + b, 0, static_cast<size_t>(e - b) * sizeof(Acc));
+                });
+  } else {
+    scratch.assign(static_cast<size_t>(out_n), Acc{0});
+    acc = scratch.data();
+  }
+  auto load = [](Stored v) -> Acc {
+    if constexpr (C == Conv::kF16) return F16ToF32(v);
+    else if constexpr (C == Conv::kBF16) return Bf16ToF32(v);
+    else return v;
+  };
+  // Adds columns [c0, c1) of ct row u into output row t.
+  auto add = [&](int64_t u, int64_t t, int64_t c0, int64_t c1) {
+    const Stored* crow = ct + u * row_ct;
+    Acc* arow = acc + t * E;
+    if (L == last) {
+      for (int64_t c = c0; c < c1; ++c) arow[c] += load(crow[c]);
+    } else {
+      for (int64_t j = c0 / last; j * last < c1; ++j) {
+        const int64_t a = std::max(c0, j * last), z = std::min(c1, (j + 1) * last);
+        const Stored* cr = crow + j * L - j * last;
+        for (int64_t c = a; c < z; ++c) arow[c] += load(cr[c]);
+      }
+    }
+  };
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t work = total_rows * E * int64_t(sizeof(Acc));
+  if (E >= 128 && work >= 2 * kMinChunkBytes) {
+    // Long rows: each task owns a column range of every output row.
+    const int64_t tasks = std::min<int64_t>(threads, E / 64);
+    ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t tk = tb; tk < te; ++tk) {
+        const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
+        const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
+        for (int64_t u = 0; u < total_rows; ++u)
+          if (targets[u] >= 0) add(u, targets[u], c0, c1);
+      }
+    });
+  } else {
+    // Short rows: each task owns a range of output rows and scans every target.
+    const int64_t out_rows = E > 0 ? out_n / E : 0;
+    const int64_t min_rows = work >= 2 * kMinChunkBytes ? std::max<int64_t>(1, out_rows / threads)
+                                                        : std::max<int64_t>(1, out_rows);
+    ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
+      for (int64_t u = 0; u < total_rows; ++u) {
+        const int64_t t = targets[u];
+        if (t >= rb && t < re) add(u, t, 0, E);
+      }
+    });
+  }
+  if constexpr (C != Conv::kNone) {
+    uint16_t* o = static_cast<uint16_t*>(out_data);
+    ParallelFor(pool, out_n, kMinChunkBytes / 4, [&](int64_t b, int64_t e) {
+      for (int64_t x = b; x < e; ++x)
+        o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
+    });
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                          ffi::AnyBuffer index, ffi::AnyBuffer num,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> src_shape,
+                          int64_t dim, int64_t row_len, int64_t n, bool check_bounds,
+                          ffi::Span<const int64_t> batch_shape,
+                          ffi::Span<const int64_t> out_bstrides,
+                          ffi::Span<const int64_t> offsets_bstrides,
+                          ffi::Span<const int64_t> index_bstrides,
+                          ffi::Span<const int64_t> num_bstrides) {
+  const char* op = "scatter_add";
+  Geometry g;
+  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  const ffi::DataType dt = out->element_type();
+  if (ct.element_type() != dt)
+    return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
+  if (offsets.element_type() != ffi::DataType::S64 || num.element_type() != ffi::DataType::S64)
+    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int64"));
+  std::array<int64_t, kMaxBatchRank> xst{}, ost{}, ist{}, nst{};
+  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
+                            offsets.element_count(), ost);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst);
+      e.failure())
+    return e;
+  int64_t total_rows, total;
+  if (__builtin_mul_overflow(g.batch, g.n, &total_rows) ||
+      __builtin_mul_overflow(total_rows, g.inner * g.row_len, &total) ||
+      total != static_cast<int64_t>(ct.element_count()))
+    return ffi::Error::InvalidArgument(
+        Msg(op, "the cotangent has " + std::to_string(ct.element_count()) +
+                    " elements, expected " + std::to_string(g.batch) + " x " +
+                    std::to_string(g.n) + " x " + std::to_string(g.inner) + " x " +
+                    std::to_string(g.row_len)));
+  const int64_t out_elems = static_cast<int64_t>(out->element_count());
+  if (out_elems == 0) return ffi::Error::Success();
+  const int64_t row_src = g.inner * g.last;
+
+  // Output row (in units of row_src elements) each ct row adds into, -1 when dropped.
+  std::vector<int64_t> targets(static_cast<size_t>(total_rows), -1);
+  if (row_src > 0) {
+    ffi::Error err = DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
+      using I = decltype(itag);
+      const int64_t* op_ = static_cast<const int64_t*>(offsets.untyped_data());
+      const I* ip = static_cast<const I*>(index.untyped_data());
+      const int64_t* np_ = static_cast<const int64_t*>(num.untyped_data());
+      for (int64_t b = 0; b < g.batch; ++b) {
+        const RowBase rb = BaseOf(g, op_ + BatchOffset(g, ost, b), check_bounds);
+        if (!rb.ok) continue;
+        const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, g.n);
+        const I* ix = ip + BatchOffset(g, ist, b);
+        const int64_t ob = BatchOffset(g, xst, b) / row_src;  // src_size is a multiple
+        for (int64_t i = 0; i < k; ++i) {
+          int64_t r;
+          if (RowOf(rb, ix[i], check_bounds, &r)) targets[b * g.n + i] = ob + rb.base + r;
+        }
+      }
+      return ffi::Error::Success();
+    });
+    if (err.failure()) return err;
+  }
+  switch (dt) {
+    case ffi::DataType::F32:
+      return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                            out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::C64:
+      return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                            out_elems, 2, targets.data(), total_rows);
+    case ffi::DataType::F64:
+      return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                             out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::C128:
+      return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                             out_elems, 2, targets.data(), total_rows);
+    case ffi::DataType::F16:
+      return ScatterRun<float, Conv::kF16>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                           out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::BF16:
+      return ScatterRun<float, Conv::kBF16>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                            out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::S8:
+    case ffi::DataType::U8:
+      return ScatterRun<uint8_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                              out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::S16:
+    case ffi::DataType::U16:
+      return ScatterRun<uint16_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                               out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::S32:
+    case ffi::DataType::U32:
+      return ScatterRun<uint32_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                               out_elems, 1, targets.data(), total_rows);
+    case ffi::DataType::S64:
+    case ffi::DataType::U64:
+      return ScatterRun<uint64_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
+                                               out_elems, 1, targets.data(), total_rows);
+    default:
+      return ffi::Error::InvalidArgument(Msg(op, "unsupported dtype (float, complex or integer)"));
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherHandler, GatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // src
+                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
+                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
+                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
+                                  .Arg<ffi::AnyBuffer>()  // pad_value
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("src_shape")
+                                  .Attr<int64_t>("dim")
+                                  .Attr<int64_t>("row_len")
+                                  .Attr<int64_t>("n")
+                                  .Attr<bool>("check_bounds")
+                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
+                                  .Attr<ffi::Span<const int64_t>>("src_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("num_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("pad_bstrides"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // ct (padded rows)
+                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
+                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
+                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("src_shape")
+                                  .Attr<int64_t>("dim")
+                                  .Attr<int64_t>("row_len")
+                                  .Attr<int64_t>("n")
+                                  .Attr<bool>("check_bounds")
+                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
+                                  .Attr<ffi::Span<const int64_t>>("out_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
+                                  .Attr<ffi::Span<const int64_t>>("num_bstrides"));
+
+}  // namespace jax_ext
