@@ -41,9 +41,16 @@ apply_primitive = xla.apply_primitive
 
 def register_batcher(prim, rule):
     """rule(axis_size, args, dims, **params) -> (out, out_dim)."""
+    def batcher(axis_data, args, bdims, **params):
+        # jax calls the batcher even when no operand is batched (e.g. the primal half of
+        # a JVP under vmap); the result must then stay unbatched.
+        if all(d is None for d in bdims):
+            return prim.bind(*args, **params), None
+        return rule(axis_data.size, args, bdims, **params)
+
     table = getattr(batching, "fancy_primitive_batchers", None)
     if table is not None:
-        table[prim] = lambda axis_data, args_, bdims_, **p: rule(axis_data.size, args_, bdims_, **p)
+        table[prim] = batcher
     else:  # older layout: positional (args, dims) batchers without the axis size
         raise RuntimeError("jax_ext: this jax has no fancy_primitive_batchers")
 

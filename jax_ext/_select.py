@@ -57,10 +57,10 @@ def _values(x, y, names: tuple[str, str], fn: str):
     weakly typed array) takes the other operand's dtype; two strong dtypes must agree."""
     x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
     x_py, y_py = not hasattr(x, "dtype"), not hasattr(y, "dtype")
-    if x_py and y_py:
-        x, y = jnp.asarray(x), jnp.asarray(y)
-        dt = jnp.result_type(x, y)
-        return x.astype(dt), y.astype(dt)
+    if x_py and y_py:  # promote like jnp, in Python, so the result stays weakly typed
+        kind = np.dtype(jnp.result_type(x, y)).kind
+        pytype = {"b": bool, "i": int, "u": int, "f": float, "c": complex}[kind]
+        return jnp.asarray(pytype(x)), jnp.asarray(pytype(y))
     if x_py:
         return jnp.asarray(x, dtype=y.dtype), y
     if y_py:
@@ -72,6 +72,9 @@ def _values(x, y, names: tuple[str, str], fn: str):
         return x.astype(y.dtype), y
     if y_weak and not x_weak:
         return x, y.astype(x.dtype)
+    if x_weak and y_weak:
+        dt = jnp.result_type(x, y)
+        return x.astype(dt), y.astype(dt)
     raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
                     f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
                     f"{_fmt(y.shape)} (jax_ext never promotes; cast one explicitly)")

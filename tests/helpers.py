@@ -1,0 +1,73 @@
+"""Shared test helpers: dtypes, random bit patterns, bitwise comparison."""
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+              np.uint64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.float16,
+              ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
+FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
+                np.complex128]
+IMPLS = ["native", "lax"]
+
+
+def random_values(rng, shape, dtype):
+    """Random bit patterns: NaNs with payloads, signalling NaNs, -0.0, inf, denormals."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    raw = rng.integers(0, 256, size=tuple(shape) + (dtype.itemsize,), dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def special_values(dtype, n):
+    """-0.0, +-inf, a quiet NaN with payload and a signalling NaN, repeated to length n."""
+    dtype = np.dtype(dtype)
+    if dtype.itemsize == 1 or (dtype.kind not in "fc" and dtype != np.dtype(ml_dtypes.bfloat16)):
+        return None  # 1-byte types: random bytes already cover every pattern
+    w = dtype.itemsize if dtype.kind != "c" else dtype.itemsize // 2
+    bits = {2: [0x8000, 0x7C00, 0xFC00, 0x7E01, 0x7C01], 4: [0x80000000, 0x7F800000, 0xFF800000,
+            0x7FC00123, 0x7F800001], 8: [1 << 63, 0x7FF0 << 48, 0xFFF0 << 48,
+            (0x7FF8 << 48) | 0x1234, (0x7FF0 << 48) | 1]}[w]
+    if dtype == np.dtype(ml_dtypes.bfloat16):
+        bits = [0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x7F81]
+    u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
+    m = n * (2 if dtype.kind == "c" else 1)  # complex: real and imaginary parts
+    vals = np.array((bits * (m // len(bits) + 1))[:m], dtype=u)
+    return vals.view(dtype)
+
+
+def bits(a):
+    """Bytes of an array, for bit-for-bit comparison."""
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.reshape(-1).view(np.uint8), a.shape, a.dtype
+
+
+def assert_bits_equal(got, want):
+    g, gs, gd = bits(got)
+    w, ws, wd = bits(want)
+    assert gs == ws, f"shape {gs} != {ws}"
+    assert gd == wd, f"dtype {gd} != {wd}"
+    if not np.array_equal(g, w):
+        bad = np.nonzero(g != w)[0][:8]
+        raise AssertionError(f"bits differ at byte offsets {bad.tolist()}: "
+                             f"got {np.asarray(got).reshape(-1)[:8]} want {np.asarray(want).reshape(-1)[:8]}")
+
+
+def np_select(cond, x, y, shape):
+    """Reference: numpy on the raw bytes, so nothing canonicalizes NaNs."""
+    x, y = np.asarray(x), np.asarray(y)
+    dt = x.dtype
+    if dt == np.bool_:
+        return np.where(np.broadcast_to(cond, shape), np.broadcast_to(x, shape),
+                        np.broadcast_to(y, shape))
+    ub = np.dtype(f"V{dt.itemsize}")
+    xb, yb = x.view(ub), y.view(ub)
+    out = np.where(np.broadcast_to(cond, shape), np.broadcast_to(xb, shape),
+                   np.broadcast_to(yb, shape))
+    return np.ascontiguousarray(out).view(dt)
+
+
+def hlo(fn, *args):
+    import jax
+    return jax.jit(fn).lower(*args).as_text()
