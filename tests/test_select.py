@@ -397,3 +397,16 @@ def test_donated_but_broadcast_then_is_not_aliased():
     c = np.array([[True, False], [False, True]])
     out = f(c, jnp.array([1.0, 2.0]), jnp.zeros((2, 2)))
     np.testing.assert_array_equal(out, [[1, 0], [0, 2]])
+
+
+@pytest.mark.parametrize("cshape", [(4099, 1), (4099, 1027), (1, 1027)])
+def test_streaming_store_path_unaligned_rows(cshape):
+    # > 16 MiB of result: written with streaming stores, rows not 16-byte aligned.
+    rng = np.random.default_rng(11)
+    c = rng.integers(0, 2, cshape).astype(bool)
+    x = random_values(rng, (4099, 1027), np.float32)
+    y = random_values(rng, (1, 1027), np.float32)
+    for impl in IMPLS:
+        with jax_ext.implementation(impl):
+            got = jax_ext.where(c, x, y)
+        assert_bits_equal(got, np_select(c, x, y, (4099, 1027)))
