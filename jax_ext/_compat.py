@@ -109,3 +109,55 @@ def is_donated_block_argument(value) -> bool:
         return "jax.buffer_donor" in attrs or "tf.aliasing_output" in attrs
     except Exception:
         return False
+
+
+# --- SPMD partitioning --------------------------------------------------------------
+# jax_ext partitions its custom calls with jax.experimental.custom_partitioning (the
+# mechanism jax's own cuDNN kernels use). It needs two private pieces: the set of
+# primitives whose lowering must see the device assignment, and the lowering's axis
+# context. Without either, everything still lowers, unpartitioned (XLA replicates).
+try:
+    from jax.experimental.custom_partitioning import custom_partitioning  # noqa: E402
+    from jax._src import dispatch as _dispatch  # noqa: E402
+    from jax._src import sharding_impls as _sharding_impls  # noqa: E402
+    _ShardingContext = _sharding_impls.ShardingContext
+    _requires_devices = _dispatch.prim_requires_devices_during_lowering
+    HAVE_CUSTOM_PARTITIONING = True
+except Exception:  # pragma: no cover - a jax without these extension points
+    custom_partitioning = None
+    HAVE_CUSTOM_PARTITIONING = False
+
+
+def require_devices_during_lowering(prim) -> bool:
+    """Asks jax to lower `prim` with its device assignment known (custom_partitioning
+    needs it); False when this jax has no such switch."""
+    if not HAVE_CUSTOM_PARTITIONING:
+        return False
+    try:
+        _requires_devices.add(prim)
+        return True
+    except Exception:  # pragma: no cover
+        return False
+
+
+def spmd_mesh_shape(ctx):
+    """{axis name: size} of the mesh a custom call lowered in `ctx` will be partitioned
+    over, or None when it must be lowered as is: one device, a body where every mesh
+    axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
+    cannot be serialized), the GSPMD partitioner (jax_use_shardy_partitioner=False), or
+    a sharding without a named mesh."""
+    if not HAVE_CUSTOM_PARTITIONING:
+        return None
+    try:
+        mc = ctx.module_context
+        if mc.lowering_parameters.for_export or not jax.config.jax_use_shardy_partitioner:
+            return None
+        ac = mc.axis_context
+        if not isinstance(ac, _ShardingContext):
+            return None  # shard_map bodies (SPMDAxisContext), pmap (replica context)
+        devices, am = ac.device_assignment, ac.abstract_mesh
+        if devices is None or len(devices) <= 1 or am is None or am.empty:
+            return None
+        return dict(zip(am.axis_names, am.axis_sizes))
+    except Exception:  # any surprise in jax's internals: lower unpartitioned
+        return None

@@ -40,22 +40,115 @@ def ffi_call(ctx, target: str, operands, *, aliases: dict[int, int] | None = Non
     return rule(ctx, *operands, **typed)
 
 
-def register(prim, lax_impl, native_rule, *, inspects_operands: bool = False):
+class Spmd:
+    """How a primitive's native custom call partitions over a device mesh (see
+    `register`). Both callbacks take the primitive's operand avals, its result aval and
+    its params, and describe the dims with per-dim lists; a spec entry is what a
+    PartitionSpec holds for one dim (None, an axis name or a tuple of names).
+
+    * ``rule(avals_in, aval_out, **params) -> (factors_in, factors_out, replicated)``:
+      the Shardy sharding rule, one factor name per dim of every operand and of the
+      result (dims sharing a name are sharded alike; a factor that must never be
+      sharded -- a dim the kernel indexes globally -- is listed in `replicated`).
+    * ``partition(out_spec, mesh_shape, avals_in, aval_out, **params) -> (in_specs,
+      out_spec, local)``: given the result's spec that Shardy chose, the operand and
+      result specs the local kernel accepts (XLA reshards operands that differ) and
+      ``local(bind, *shards)``, the per-device computation, where ``bind(*args,
+      **params)`` binds the unpartitioned primitive on local shapes.
+    """
+
+    def __init__(self, rule, partition):
+        self.rule, self.partition = rule, partition
+
+
+def rule_string(factors_in, factors_out) -> str:
+    """Einsum-like Shardy rule text; a scalar is an empty entry."""
+    side = lambda vals: ", ".join(" ".join(f) for f in vals)  # noqa: E731
+    return f"{side(factors_in)} -> {side(factors_out)}"
+
+
+def local_size(n: int, entry, mesh_shape) -> int:
+    """Size of one shard of a dim of size n sharded by the spec entry (ceil: XLA pads)."""
+    k = 1
+    for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+        k *= mesh_shape[a]
+    return -(-n // k)
+
+
+def _spec_of(sharding, ndim):
+    spec = tuple(getattr(sharding, "spec", None) or ())
+    return spec + (None,) * (ndim - len(spec))
+
+
+def _partitioned(ctx, mesh_shape, raw, spmd, args, params):
+    """Lowers `raw` (the unpartitioned primitive, same operands and params) through
+    custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
+    back into spmd.partition to lower one shard."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
+    f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
+    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
+    fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
+
+    def partition(mesh, arg_shapes, result_shape):
+        o = _spec_of(result_shape.sharding, aval_out.ndim)
+        in_specs, out_spec, local = spmd.partition(o, dict(mesh.shape), avals_in, aval_out,
+                                                   **params)
+        return (mesh, lambda *a: local(bind, *a), NamedSharding(mesh, PartitionSpec(*out_spec)),
+                tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
+
+    fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
+                     need_replication_factors=tuple(replicated))
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+
+
+def register(prim, lax_impl, native_rule, *, inspects_operands: bool = False,
+             spmd: Spmd | None = None):
     """Lowerings for `prim`: `lax_impl` (a jax function of the operands and params) on
     every platform; on CPU `native_rule(ctx, *args, **params)` when the primitive was
     bound with impl="native" and returns non-None, else the lax path.
 
-    `inspects_operands`: the native rule looks at where its operands come from (the
-    in-place select asks whether an operand is a donated argument), so it must be lowered
-    inline rather than into a shared cached function whose arguments hide that."""
+    `inspects_operands`: the native rule is also passed ``donated=`` (a bool per operand:
+    is it an argument of the jitted function that the caller donated?), which the rule
+    cannot see from its own operands when it is lowered inside a partitioned or cached
+    function; the lowering is then inlined rather than cached.
+
+    `spmd`: how the native call partitions. With it, a lowering for more than one device
+    wraps the call in custom_partitioning (see `Spmd`); on one device, inside shard_map,
+    for jax.export, under GSPMD, or without custom_partitioning it is the plain call."""
     lax_rule = mlir.lower_fun(lax_impl, multiple_results=prim.multiple_results)
+    extra = lambda ctx, args: (  # noqa: E731
+        {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
+        if inspects_operands else {})
 
     def cpu_rule(ctx, *args, **params):
         if params.get("impl") == "native" and native_available():
-            out = native_rule(ctx, *args, **params)
+            mesh_shape = _compat.spmd_mesh_shape(ctx) if raw is not None else None
+            if mesh_shape is not None:
+                return _partitioned(ctx, mesh_shape, raw, spmd, args,
+                                    params | extra(ctx, args))
+            out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is not None:
                 return out
         return lax_rule(ctx, *args, **params)
+
+    raw = None
+    if spmd is not None and _compat.require_devices_during_lowering(prim):
+        # The unpartitioned primitive custom_partitioning wraps and re-binds on local
+        # shapes: the outer primitive's abstract eval, the native rule (else lax).
+        raw = _compat.Primitive(prim.name + "_shard")
+        raw.multiple_results = prim.multiple_results
+        raw.def_effectful_abstract_eval(
+            lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
+
+        def raw_cpu_rule(ctx, *args, donated=(), **params):
+            kw = {"donated": donated} if inspects_operands else {}
+            out = native_rule(ctx, *args, **params, **kw)
+            return out if out is not None else lax_rule(ctx, *args, **params)
+
+        mlir.register_lowering(raw, lambda ctx, *a, donated=(), **p: lax_rule(ctx, *a, **p))
+        _compat.register_lowering(raw, raw_cpu_rule, platform="cpu", cacheable=False)
 
     mlir.register_lowering(prim, lax_rule)
     _compat.register_lowering(prim, cpu_rule, platform="cpu", cacheable=not inspects_operands)

@@ -201,7 +201,7 @@ def _operand_strides(shape, d, out_shape):
     return st
 
 
-def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl):
+def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,) * 3):
     avals = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
         return None
@@ -209,9 +209,9 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl):
     shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
     # In place: alias x to the result when it is laid out like the result and the caller
     # donated it. Aliasing a buffer that is not donated would make XLA copy it first,
-    # which costs more than it saves.
+    # which costs more than it saves. Partitioned, this is one shard of x and the result.
     alias = (avals[1].shape == tuple(out_shape) and dims[1] == tuple(range(len(out_shape)))
-             and _compat.is_donated_block_argument(x))
+             and donated[1])
     return _lowering.ffi_call(ctx, "jax_ext_select_v1", (cond, x, y),
                               aliases={1: 0} if alias else None, shape=shape,
                               cond_strides=cs, x_strides=xs, y_strides=ys)
@@ -237,7 +237,30 @@ def _lax_impl(cond, x, y, *, out_shape, dims, impl):
     return _lowering.from_bytes(out, x.dtype)
 
 
-_lowering.register(select_p, _lax_impl, _native_lowering, inspects_operands=True)
+def _spmd_rule(avals_in, aval_out, *, out_shape, dims, **_):
+    """Element-wise: an operand dim of full size shares the result dim's factor; a
+    broadcast (size-1) dim gets a factor of its own, so it never limits the sharding."""
+    f_out = [f"o{o}" for o in range(len(out_shape))]
+    f_in = [[f"o{o}" if a.shape[j] == out_shape[o] else f"b{k}_{j}" for j, o in enumerate(d)]
+            for k, (a, d) in enumerate(zip(avals_in, dims))]
+    return f_in, f_out, ()
+
+
+def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **params):
+    """Each device selects its own block: operands sharded like the result (broadcast
+    dims replicated), the kernel bound on the block's shape. Nothing is communicated."""
+    o = tuple(None if n == 1 else e for n, e in zip(out_shape, o))
+    in_specs = [[o[d] if a.shape[j] == out_shape[d] else None
+                 for j, d in enumerate(dd)] for a, dd in zip(avals_in, dims)]
+    local_shape = tuple(_lowering.local_size(n, e, mesh_shape) for n, e in zip(out_shape, o))
+
+    def local(bind, cond, x, y):
+        return bind(cond, x, y, out_shape=local_shape, dims=dims, **params)
+    return in_specs, o, local
+
+
+_lowering.register(select_p, _lax_impl, _native_lowering, inspects_operands=True,
+                   spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
 
 
 def _zero_scalar(dtype):
