@@ -258,9 +258,9 @@ def test_every_dtype_bit_exact(dtype):
     src = random_values(rng, (7, 3, 5), dtype)
     pad = random_values(rng, (), dtype)
     index = np.array([6, 0, -1, 3, 7, 3], np.int32)
-    for align in (32, None):
-        got = check(src, [0], 0, index, pad_value=pad, align_bytes=align)
+    for align in (None, 32):
         check(src, [2, 1], 1, index, pad_value=pad, align_bytes=align, num_indices=4)
+        got = check(src, [0], 0, index, pad_value=pad, align_bytes=align)
     itemsize = np.dtype(dtype).itemsize
     assert got.shape == (6, 3, row_len(5, itemsize, 32)) and got.dtype == np.dtype(dtype)
 
@@ -382,12 +382,19 @@ def test_grad_against_dense_reference_with_duplicates(dtype, impl):
         ct = (ct + 1j * rng.standard_normal(ct.shape)).astype(dtype)
     tol = {2: 2e-2}.get(np.dtype(dtype).itemsize, 1e-5)
     for cb, num in [(True, None), (True, 6), (False, 7)]:
-        def loss(s, p):
-            out = jax_ext.gather(s, [2, 1], dim, index, pad_value=p, num_indices=num,
-                                 check_bounds=cb)
-            return jnp.real(jnp.sum(out * jnp.conj(ct)))
+        def f(s, p):
+            return jax_ext.gather(s, [2, 1], dim, index, pad_value=p, num_indices=num,
+                                  check_bounds=cb)
+
+        def vjp(s, p, ct):
+            return jax.vjp(f, s, p)[1](ct)
         with jax_ext.implementation(impl):
-            gs, gp = jax.jit(jax.grad(loss, argnums=(0, 1)))(src, jnp.zeros((), dtype))
+            gs, gp = jax.jit(vjp)(src, jnp.zeros((), dtype), ct)
+        if np.dtype(dtype).kind != "c":  # jax.grad of a real loss gives the same
+            with jax_ext.implementation(impl):
+                gs2, gp2 = jax.grad(lambda s, p: jnp.sum(f(s, p) * ct).astype(jnp.float32),
+                                    argnums=(0, 1))(src, jnp.zeros((), dtype))
+            assert_bits(gs2, gs)
         ws, wp = dense_grads(src, [2, 1], dim, index, ct, check_bounds=cb, num_indices=num)
         assert gs.dtype == np.dtype(dtype)
         np.testing.assert_allclose(np.asarray(gs).astype(ws.dtype), ws, rtol=tol, atol=tol * 10)
@@ -436,13 +443,14 @@ def test_check_grads_order_2(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_linear_transpose_jvp_and_hessian(impl):
-    src = jnp.arange(24.0).reshape(6, 4)
+    src = jnp.arange(24.0, dtype=jnp.float32).reshape(6, 4)
     index = jnp.array([5, 5, 0, 9])
     with jax_ext.implementation(impl):
         f = lambda s: jax_ext.gather(s, [0], 0, index, align_bytes=None)
-        (t,) = jax.linear_transpose(f, src)(jnp.ones((4, 4)))
+        (t,) = jax.linear_transpose(f, src)(jnp.ones((4, 4), jnp.float32))
         np.testing.assert_array_equal(t[:, 0], [1, 0, 0, 0, 0, 2])
-        _, tan = jax.jvp(lambda p: jax_ext.gather(src, [0], 0, index, pad_value=p), (1.0,), (3.0,))
+        _, tan = jax.jvp(lambda p: jax_ext.gather(src, [0], 0, index, pad_value=p),
+                         (jnp.float32(1),), (jnp.float32(3),))
         np.testing.assert_array_equal(tan[3], np.full(8, 3.0))  # a padded row
         np.testing.assert_array_equal(tan[0], [0] * 4 + [3] * 4)  # padding columns
         h = jax.hessian(lambda s: jnp.sum(jax_ext.gather(s, [0], 0, index) ** 2))(src)
