@@ -161,3 +161,35 @@ def spmd_mesh_shape(ctx):
         return dict(zip(am.axis_names, am.axis_sizes))
     except Exception:  # any surprise in jax's internals: lower unpartitioned
         return None
+
+
+# --- sharding in types (explicit mesh axes) ----------------------------------------------
+try:
+    from jax._src.core import ShardingTypeError  # noqa: E402
+except Exception:  # pragma: no cover
+    ShardingTypeError = ValueError
+
+
+def spec_entries(aval) -> tuple:
+    """The PartitionSpec entry of every dim of `aval` (None where unsharded or unknown)."""
+    try:
+        spec = tuple(aval.sharding.spec)
+    except Exception:
+        spec = ()
+    return spec + (None,) * (aval.ndim - len(spec))
+
+
+def typed_result(avals_in, like, spec, **updates):
+    """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
+    carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
+    decides, as for any jax op)."""
+    try:
+        sh = next((a.sharding for a in avals_in
+                   if getattr(getattr(a, "sharding", None), "mesh", None) is not None
+                   and not a.sharding.mesh.empty), None)
+    except Exception:
+        sh = None
+    if sh is None:
+        return like.update(**updates)
+    from jax.sharding import PartitionSpec
+    return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)

@@ -246,6 +246,12 @@ def _check_batch(name, a, bshape, nbatch, rest_rank):
                          f"{_fmt(bshape)}")
 
 
+def _batch_spec_candidates(avals, bshape):
+    """Per batch dim, the spec entries of the operands that carry it at full size."""
+    return [[_compat.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
+            for j, b in enumerate(bshape)]
+
+
 def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
                           impl):
     bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
@@ -260,7 +266,14 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
                         f"index {index.dtype}")
     n = index.shape[-1]
     shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
-    return src.update(shape=shape, dtype=src.dtype, weak_type=bool(src.weak_type))
+    avals = (src, offsets, index, num, pad)
+    ss = _compat.spec_entries(src)[nbatch:]
+    spec = _lowering.merge_specs("jax_ext_gather", _batch_spec_candidates(avals, bshape) + [
+        [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
+        [ss[-1]] if sshape[-1] == row_len else []])
+    return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
+                                weak_type=bool(src.weak_type))
+
 
 
 def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
@@ -268,8 +281,16 @@ def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshap
     bshape = _batch_shape((ct, offsets, index, num), nbatch)
     if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
         raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
-    return ct.update(shape=tuple(out_bshape) + tuple(src_shape), dtype=ct.dtype,
-                     weak_type=bool(ct.weak_type))
+    avals = (ct, offsets, index, num)
+    cs = _compat.spec_entries(ct)[nbatch:]
+    bspec = _batch_spec_candidates(avals, bshape)
+    spec = _lowering.merge_specs("jax_ext_scatter_add", [
+        c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
+        []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
+        [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
+    return _compat.typed_result(avals, ct, spec, shape=tuple(out_bshape) + tuple(src_shape),
+                                dtype=ct.dtype, weak_type=bool(ct.weak_type))
+
 
 
 gather_p.def_abstract_eval(_gather_abstract_eval)
@@ -453,8 +474,112 @@ def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape,
         num_bstrides=_bstrides(avals[3].shape[:nbatch], bshape, 1))
 
 
-_lowering.register(gather_p, _gather_lax, _gather_native)
-_lowering.register(scatter_add_p, _scatter_lax, _scatter_native)
+# --- SPMD partitioning ---------------------------------------------------------------
+# The kernels index src globally along dims 0..dim (offsets and index are global row
+# numbers), so those dims are never sharded (a sharded src is all-gathered along them).
+# Batch dims, the index dim n, the middle dims and -- when no padding column is added --
+# the last dim shard freely; a size-1 (broadcast) batch dim gets a factor of its own.
+
+def _batch_factors(k, a, bshape, names):
+    return [names[j] if a.shape[j] == bshape[j] else f"z{k}_{j}" for j in range(len(bshape))]
+
+
+def _nonunit(o, shape):
+    return [None if n == 1 else e for n, e in zip(shape, o)]
+
+
+def _gather_spmd_rule(avals_in, aval_out, *, dim, row_len, nbatch, **_):
+    bshape = aval_out.shape[:nbatch]
+    src = avals_in[0]
+    sshape = src.shape[nbatch:]
+    b = [f"b{j}" for j in range(nbatch)]
+    mid = [f"m{i}" for i in range(len(sshape) - dim - 2)]
+    shared = sshape[-1] == row_len  # no padding columns: the last dim shards too
+    fixed = [f"s{i}" for i in range(dim + 1)]
+    f_in = [_batch_factors(0, src, bshape, b) + fixed + mid + ["l" if shared else "sl"],
+            _batch_factors(1, avals_in[1], bshape, b) + ["q"],
+            _batch_factors(2, avals_in[2], bshape, b) + ["n"],
+            _batch_factors(3, avals_in[3], bshape, b),
+            _batch_factors(4, avals_in[4], bshape, b)]
+    f_out = b + ["n"] + mid + ["l" if shared else "ol"]
+    return f_in, f_out, tuple(fixed + ["q"] + ([] if shared else ["sl", "ol"]))
+
+
+def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, nbatch,
+                           **params):
+    """Each device gathers the rows of its index shard (and batch/column block) from a
+    src replicated along dims 0..dim. num_indices counts global rows, so each shard
+    gets it shifted by the shard's first row."""
+    bshape = aval_out.shape[:nbatch]
+    src, n = avals_in[0], avals_in[2].shape[-1]
+    shared = src.shape[-1] == row_len
+    o = _nonunit(o, aval_out.shape)
+    if not shared:
+        o[-1] = None
+    bspec = lambda a: [o[j] if a.shape[j] == bshape[j] else None for j in range(nbatch)]  # noqa: E731
+    in_specs = [bspec(src) + [None] * (dim + 1) + o[nbatch + 1:],
+                bspec(avals_in[1]) + [None], bspec(avals_in[2]) + [o[nbatch]],
+                bspec(avals_in[3]), bspec(avals_in[4])]
+    local_row_len = _lowering.local_size(row_len, o[-1], mesh_shape)
+    n_axes, n_local = o[nbatch], _lowering.local_size(n, o[nbatch], mesh_shape)
+
+    def local(bind, s, offsets, index, num, pad):
+        if n_axes is not None:
+            first = lax.convert_element_type(lax.axis_index(n_axes), num.dtype) * n_local
+            num = lax.clamp(np.array(0, num.dtype), num - first, np.array(n_local, num.dtype))
+        return bind(s, offsets, index, num, pad, dim=dim, row_len=local_row_len,
+                    nbatch=nbatch, **params)
+    return in_specs, o, local
+
+
+def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch, **_):
+    """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
+    result has as 1) are replicated, so every element sums its contributions in index
+    order as on one device (exact, deterministic) at the cost of gathering ct."""
+    bshape = _batch_shape(avals_in, nbatch)
+    full = [out_bshape[j] == bshape[j] for j in range(nbatch)]
+    b = [f"b{j}" if full[j] else f"a{j}" for j in range(nbatch)]
+    mid = [f"m{i}" for i in range(len(src_shape) - dim - 2)]
+    shared = avals_in[0].shape[-1] == src_shape[-1]
+    fixed = [f"s{i}" for i in range(dim + 1)]
+    f_in = [_batch_factors(0, avals_in[0], bshape, b) + ["n"] + mid + ["l" if shared else "cl"],
+            _batch_factors(1, avals_in[1], bshape, b) + ["q"],
+            _batch_factors(2, avals_in[2], bshape, b) + ["n"],
+            _batch_factors(3, avals_in[3], bshape, b)]
+    f_out = [b[j] if full[j] else f"ob{j}" for j in range(nbatch)] + fixed + mid + \
+        ["l" if shared else "sl"]
+    rep = fixed + ["n", "q"] + [b[j] for j in range(nbatch) if not full[j]]
+    return f_in, f_out, tuple(rep + ([] if shared else ["cl", "sl"]))
+
+
+def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape, out_bshape,
+                            nbatch, **params):
+    bshape = _batch_shape(avals_in, nbatch)
+    ct = avals_in[0]
+    shared = ct.shape[-1] == src_shape[-1]
+    o = _nonunit(o, aval_out.shape)
+    for j in range(nbatch):
+        if out_bshape[j] != bshape[j]:
+            o[j] = None
+    o[nbatch:nbatch + dim + 1] = [None] * (dim + 1)
+    if not shared:
+        o[-1] = None
+    bspec = lambda a: [o[j] if a.shape[j] == bshape[j] else None for j in range(nbatch)]  # noqa: E731
+    in_specs = [bspec(ct) + [None] + o[nbatch + dim + 1:], bspec(avals_in[1]) + [None],
+                bspec(avals_in[2]) + [None], bspec(avals_in[3])]
+    loc = [_lowering.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
+    local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
+
+    def local(bind, *args):
+        return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
+                    **params)
+    return in_specs, o, local
+
+
+_lowering.register(gather_p, _gather_lax, _gather_native,
+                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
+_lowering.register(scatter_add_p, _scatter_lax, _scatter_native,
+                   spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
 
 
 # --- autodiff ---------------------------------------------------------------------------

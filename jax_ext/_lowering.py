@@ -75,6 +75,27 @@ def local_size(n: int, entry, mesh_shape) -> int:
     return -(-n // k)
 
 
+def merge_specs(what: str, candidates) -> list:
+    """The result spec from, per result dim, the spec entries of the operand dims that
+    lie along it (None: unsharded). Two different shardings of one dim, or one mesh axis
+    on two dims, is an error, as for jax's own ops under explicit axes."""
+    out, used = [], set()
+    for d, cands in enumerate(candidates):
+        vals = {c for c in cands if c is not None}
+        if len(vals) > 1:
+            raise _compat.ShardingTypeError(
+                f"{what}: operands shard result dim {d} differently: {sorted(map(str, vals))};"
+                " reshard one of them (jax.sharding.reshard)")
+        e = vals.pop() if vals else None
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        if used & set(axes):
+            raise _compat.ShardingTypeError(
+                f"{what}: mesh axes {sorted(used & set(axes))} would shard two result dims")
+        used |= set(axes)
+        out.append(e)
+    return out
+
+
 def _spec_of(sharding, ndim):
     spec = tuple(getattr(sharding, "spec", None) or ())
     return spec + (None,) * (ndim - len(spec))
@@ -98,8 +119,11 @@ def _partitioned(ctx, mesh_shape, raw, spmd, args, params):
         return (mesh, lambda *a: local(bind, *a), NamedSharding(mesh, PartitionSpec(*out_spec)),
                 tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
 
+    order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
     fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
-                     need_replication_factors=tuple(replicated))
+                     # Shardy's verifier wants them in the order the rule introduces them.
+                     need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
+                                                           key=order.get)))
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 

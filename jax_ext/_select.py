@@ -185,8 +185,13 @@ def _abstract_eval(cond, x, y, *, out_shape, dims, impl):
                              f"{_fmt(out_shape)} with dims {d}")
     if cond.dtype != np.bool_ or x.dtype != y.dtype:
         raise TypeError(f"jax_ext_select: bad dtypes cond {cond.dtype}, x {x.dtype}, y {y.dtype}")
-    return x.update(shape=tuple(out_shape), dtype=x.dtype,
-                    weak_type=bool(x.weak_type and y.weak_type))
+    avals = (cond, x, y)
+    spec = _lowering.merge_specs("jax_ext_select", [
+        [_compat.spec_entries(a)[j] for a, d in zip(avals, dims) for j, o2 in enumerate(d)
+         if o2 == o and a.shape[j] == n] for o, n in enumerate(out_shape)])
+    return _compat.typed_result(avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
+                                weak_type=bool(x.weak_type and y.weak_type))
+
 
 
 select_p.def_abstract_eval(_abstract_eval)
