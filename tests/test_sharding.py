@@ -1,0 +1,109 @@
+"""Sharded select and gather on 4 forced host devices: partitioned without communication,
+shard_map bodies, grad, donation per shard, GSPMD fallback, and jax.export round trips.
+
+The checks run in child processes (tests/sharding_checks.py) started with
+XLA_FLAGS=--xla_force_host_platform_device_count=4, because jax fixes the device count
+when its backends start and the rest of the suite runs on one device. One child runs
+every check, a second, fresh one deserializes the exports (as a user's would)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import jax_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NO_COLLECTIVES = [
+    "select_rows_sharded[auto]", "select_rows_sharded[explicit]",
+    "select_cols_sharded_broadcast_cond[auto]", "select_cols_sharded_broadcast_cond[explicit]",
+    "gather_index_sharded[auto]", "gather_index_sharded[explicit]",
+    "vmap_gather_batch_sharded[auto]", "vmap_gather_batch_sharded[explicit]",
+    "gather_dim1_index_on_two_axes[2x2]", "select_rows_and_cols[2x2]",
+    "shard_map_select_and_gather[auto]", "select_donated_sharded_in_place[auto]",
+]
+OTHER = [
+    "gather_src_rows_sharded_communicates[auto]", "gather_src_rows_sharded_communicates[explicit]",
+    "grad_select_and_gather_sharded[auto]", "single_device_jit_unchanged",
+    "gspmd_partitioner_falls_back[auto]", "export_needs_export_checks",
+    "export_serialize[1dev]", "export_serialize[4dev]",
+]
+ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
+
+
+def _child(mode, outdir):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=4").strip()
+    env.pop("JAX_EXT_IMPL", None)  # the native path is what partitions
+    # Run from the tests dir: the installed jax_ext, not the source tree, is imported.
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_checks.py"), mode,
+                           str(outdir)], env=env, cwd=HERE, capture_output=True, text=True,
+                          timeout=600)
+    name = "results.json" if mode == "run" else "load.json"
+    path = os.path.join(outdir, name)
+    if proc.returncode != 0 or not os.path.exists(path):
+        pytest.fail(f"sharding_checks.py {mode} failed (rc {proc.returncode}):\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    if not jax_ext.native_available():
+        pytest.skip("the compiled module is not installed: nothing to partition")
+    pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers "
+                        "(pip install '.[test]')")
+    outdir = tmp_path_factory.mktemp("sharding")
+    res = _child("run", outdir)
+    res.update(_child("load", outdir))  # a fresh process, after the exports were written
+    return res
+
+
+def _get(results, name):
+    assert name in results, f"check {name} did not run; ran: {sorted(results)}"
+    rec = results[name]
+    assert rec["ok"], rec.get("error")
+    return rec
+
+
+@pytest.mark.parametrize("name", NO_COLLECTIVES)
+def test_partitioned_without_communication(results, name):
+    rec = _get(results, name)
+    assert rec["collectives"] == [], rec
+    assert any(t.startswith("jax_ext_") for t in rec["targets"]), rec  # still native
+
+
+def test_src_sharded_along_gathered_dim_is_all_gathered_and_exact(results):
+    for mesh in ("auto", "explicit"):
+        rec = _get(results, f"gather_src_rows_sharded_communicates[{mesh}]")
+        assert rec["collectives"] == ["all-gather"] and "jax_ext_gather_v1" in rec["targets"]
+
+
+def test_grad_of_sharded_select_and_gather(results):
+    rec = _get(results, "grad_select_and_gather_sharded[auto]")
+    # The scatter-add gathers the index-sharded cotangent rows (exact, deterministic).
+    assert set(rec["collectives"]) <= {"all-gather"}, rec
+
+
+@pytest.mark.parametrize("name", [n for n in OTHER if "communicates" not in n
+                                  and not n.startswith("grad_")])
+def test_other_checks(results, name):
+    _get(results, name)
+
+
+@pytest.mark.parametrize("name", ROUNDTRIP)
+def test_export_roundtrip_in_fresh_process(results, name):
+    rec = _get(results, name)
+    assert {"jax_ext_select_v1", "jax_ext_gather_v1"} <= set(rec["targets"])
+
+
+def test_export_checks_lists_versioned_targets():
+    import jax
+    checks = jax_ext.export_checks()
+    names = {str(c) for c in checks}
+    for t in ("jax_ext_select_v1", "jax_ext_gather_v1", "jax_ext_scatter_add_v1"):
+        assert any(t in n for n in names), names
+    assert all(isinstance(c, jax.export.DisabledSafetyCheck) for c in checks)
