@@ -61,8 +61,11 @@ def select_cases(quick: bool):
     return cases
 
 
-def all_cases(quick: bool):
+def all_cases(quick: bool, devices: int = 0):
     cases = select_cases(quick)
+    if devices > 1:
+        from . import _bench_sharded
+        cases += _bench_sharded.cases(quick, devices)
     try:
         from . import _bench_gather
     except ImportError:
@@ -126,10 +129,16 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="alternating timing rounds")
     p.add_argument("--json", default="bench.json", help="where to write the results")
     p.add_argument("--plot", default="bench.png", help="where to draw the plot (matplotlib)")
+    p.add_argument("--devices", type=int, default=0,
+                   help="also run the sharded cases (names start with 'shard') on N host "
+                        "devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     a = p.parse_args(argv)
+    if a.devices > 1:  # before anything starts jax's backends
+        from . import _bench_sharded
+        _bench_sharded.force_host_devices(a.devices, argv)
     rounds = a.rounds or (5 if a.quick else 15)
     min_sample = 0.01 if a.quick else 0.03
-    cases = [c for c in all_cases(a.quick) if a.only in c["name"]]
+    cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]]
     print(f"jax_ext {jax_ext.__version__} | jax {jax.__version__} | native "
           f"{'yes' if jax_ext.native_available() else 'NO (lax fallback)'} | "
           f"{platform.processor() or platform.machine()} x{os.cpu_count()} | {len(cases)} cases, "

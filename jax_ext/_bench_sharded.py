@@ -1,0 +1,120 @@
+"""Sharded benchmark cases, run by ``python -m jax_ext.bench --devices N`` (N host devices,
+a 1-D mesh over axis "x"): jax_ext against the jnp built-ins under the same shardings.
+
+* select: rows sharded with a broadcast row condition; columns sharded with a broadcast
+  condition; 1-D, all three operands sharded. Reference ``jnp.where``.
+* gather: the index sharded with src replicated; vmap with the batch sharded; src
+  sharded along the gathered dim (jax_ext all-gathers src there; ``jnp.take`` may
+  partition differently). Reference ``jnp.take(..., mode="fill", fill_value=0)``; rows
+  are 64 f32 (256 bytes), so ``align_bytes=32`` adds no columns and both results agree
+  bit for bit.
+
+Every name starts with "shard", so ``--only shard`` picks exactly these.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ._gather import gather
+from ._select import where
+
+_FLAG = "--xla_force_host_platform_device_count"
+
+
+def force_host_devices(n: int, argv=None) -> None:
+    """Makes jax start with `n` CPU devices. XLA reads the flag when jax's backends start;
+    if they already have (or the flag did not take), re-executes this process with it."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith(_FLAG))
+    os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={n}".strip()
+    if jax.device_count() == n:
+        return
+    if os.environ.get("JAX_EXT_BENCH_REEXEC"):
+        raise SystemExit(f"--devices {n}: jax started with {jax.device_count()} devices")
+    os.environ["JAX_EXT_BENCH_REEXEC"] = "1"
+    args = sys.argv[1:] if argv is None else list(argv)
+    os.execv(sys.executable, [sys.executable, "-m", "jax_ext.bench", *args])
+
+
+def _case(name, op, dtype, elements, nbytes, make):
+    return dict(name=name, op=op, dtype=np.dtype(dtype).name, elements=int(elements),
+                bytes=int(nbytes), make=make, chain=False)
+
+
+def _put(mesh, a, spec):
+    return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def _select(mesh, name, shapes, specs, seed=0):
+    (sc, sx, sy) = shapes
+
+    def make():
+        rng = np.random.default_rng(seed)
+        c = rng.integers(0, 2, sc).astype(bool)
+        x = rng.standard_normal(sx).astype(np.float32)
+        y = rng.standard_normal(sy).astype(np.float32)
+        args = tuple(_put(mesh, a, s) for a, s in zip((c, x, y), specs))
+        return jax.jit(where), jax.jit(jnp.where), args
+
+    size = int(np.prod(np.broadcast_shapes(sc, sx, sy)))
+    nbytes = int(np.prod(sc)) + 4 * (int(np.prod(sx)) + int(np.prod(sy)) + size)
+    return _case(name, "select", np.float32, size, nbytes, make)
+
+
+def _take(s, i):
+    return jnp.take(s, i, axis=0, mode="fill", fill_value=0)
+
+
+def _ours(s, i):
+    return gather(s, [0], 0, i)
+
+
+def _index(rng, rows, shape):
+    idx = rng.integers(0, rows, shape).astype(np.int32)
+    flat = idx.reshape(-1)
+    past = rng.choice(flat.size, max(1, flat.size // 100), replace=False)
+    flat[past] = rows + 3  # a few past the end: padded rows on both sides
+    return idx
+
+
+def _gather(mesh, name, src_shape, idx_shape, specs, *, batched=False, seed=0):
+    def make():
+        rng = np.random.default_rng(seed)
+        src = rng.standard_normal(src_shape).astype(np.float32)
+        idx = _index(rng, src_shape[-2], idx_shape)
+        args = (_put(mesh, src, specs[0]), _put(mesh, idx, specs[1]))
+        ours, ref = (jax.vmap(_ours), jax.vmap(_take)) if batched else (_ours, _take)
+        return jax.jit(ours), jax.jit(ref), args
+
+    n = int(np.prod(idx_shape))
+    d = src_shape[-1]
+    return _case(name, "gather", np.float32, n * d, 4 * n + 2 * 4 * n * d, make)
+
+
+def cases(quick: bool, devices: int) -> list[dict]:
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("x",))
+    tag = f"{devices}dev"
+    m, k = (1024, 1024) if quick else (4096, 1024)
+    big = 1 << (20 if quick else 22)
+    rows, d, n = (65536, 64, 65536) if quick else (262144, 64, 262144)
+    b = 2 * devices
+    return [
+        _select(mesh, f"shard select rows ({m},{k}) cond({m},1) {tag}",
+                ((m, 1), (m, k), (1, k)), (P("x"), P("x"), P())),
+        _select(mesh, f"shard select cols ({m},{k}) cond({m},1) {tag}",
+                ((m, 1), (m, k), (1, k)), (P(), P(None, "x"), P(None, "x"))),
+        _select(mesh, f"shard select 1-D 2^{big.bit_length() - 1} {tag}",
+                ((big,), (big,), (big,)), (P("x"), P("x"), P("x"))),
+        _gather(mesh, f"shard gather index ({rows},{d}) n={n} {tag}", (rows, d), (n,),
+                (P(), P("x"))),
+        _gather(mesh, f"shard vmap gather batch {b}x({rows // b},{d}) {tag}",
+                (b, rows // b, d), (b, n // b), (P("x"), P("x")), batched=True),
+        _gather(mesh, f"shard gather src rows sharded ({rows},{d}) {tag}", (rows, d), (n,),
+                (P("x"), P())),
+    ]
