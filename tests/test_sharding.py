@@ -27,6 +27,7 @@ OTHER = [
     "gather_src_rows_sharded_communicates[auto]", "gather_src_rows_sharded_communicates[explicit]",
     "grad_select_and_gather_sharded[auto]", "single_device_jit_unchanged",
     "gspmd_partitioner_falls_back[auto]", "export_needs_export_checks",
+    "explicit_conflicting_shardings_raise[explicit]",
     "export_serialize[1dev]", "export_serialize[4dev]",
 ]
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
