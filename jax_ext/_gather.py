@@ -10,9 +10,10 @@
   it with batch stride 0, nothing is materialized). vmap prepends one more;
 * ``impl``: "native" or "lax", fixed when the primitive is bound.
 
-Operands: ``offsets`` is one int64 vector of ``dim + 1`` values, ``num_indices`` an
-int64 scalar and ``pad_value`` a scalar of ``src``'s dtype -- always operands, static or
-traced, so one compiled program serves every value. ``index`` keeps its own integer
+Operands: ``offsets`` is one vector of ``dim + 1`` values and ``num_indices`` a scalar,
+both of the default integer type (int64 under ``jax_enable_x64``, else int32), and
+``pad_value`` a scalar of ``src``'s dtype -- always operands, static or traced, so one
+compiled program serves every value. ``index`` keeps its own integer
 dtype: the kernel reads any width and signedness and adds it to ``offsets[dim]`` in
 128-bit arithmetic, which is exact for uint64 indices too (a conversion to int64 would
 cost a pass and wrap uint64 values >= 2**63 into range).
@@ -40,9 +41,6 @@ scatter_add_p = _compat.Primitive("jax_ext_scatter_add")
 scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 
-_I64_MIN, _I64_MAX = -(2 ** 63), 2 ** 63 - 1
-
-
 def _fmt(shape) -> str:
     return str(tuple(int(d) for d in shape))
 
@@ -65,11 +63,11 @@ def _int_scalar(v, what: str, fn: str):
     s = _static_int(v)
     if s is not None:
         return s, None
-    if isinstance(v, (bool, np.bool_, float, complex)):
+    if isinstance(v, (bool, np.bool_, float, complex, str, bytes)):
         raise TypeError(f"{fn}: {what} must be an integer, got {type(v).__name__} {v!r}")
     try:
         a = jnp.asarray(v)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # ValueError: None
         raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
                         f"{type(v).__name__}: {e}")
     if not _is_int_dtype(a.dtype):
@@ -81,11 +79,22 @@ def _int_scalar(v, what: str, fn: str):
     return None, a
 
 
-def _to_i64(a, *, saturate_to=_I64_MAX):
-    """Integer scalar array -> int64; uint64 values above 2**63-1 saturate."""
-    if a.dtype == jnp.uint64:
-        a = jnp.minimum(a, np.uint64(saturate_to))
-    return a.astype(jnp.int64)
+def _carrier():
+    """The integer type offsets and num_indices travel in: int64 with jax_enable_x64,
+    int32 without (jax has no 64-bit arrays then)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
+
+
+def _to_carrier(a, *, saturate_to=None):
+    """Integer scalar array -> the carrier type; unsigned values above its maximum
+    saturate (to `saturate_to` when given)."""
+    c = _carrier()
+    top = np.iinfo(c).max if saturate_to is None else min(saturate_to, np.iinfo(c).max)
+    if a.dtype.kind == "u" and a.dtype.itemsize >= c.itemsize:
+        a = jnp.minimum(a, np.array(top, a.dtype))
+    elif saturate_to is not None and a.dtype.itemsize > c.itemsize:  # cannot happen today
+        a = jnp.clip(a, np.iinfo(c).min, top)
+    return a.astype(c)
 
 
 def _row_len(last: int, itemsize: int, align_bytes) -> int:
@@ -120,10 +129,12 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
 
     Decisions where the contract is silent:
 
-    * ``offsets`` may also be a rank-1 integer array of length ``dim + 1``. Offsets are
-      64-bit: a static offset outside the int64 range raises ``ValueError``; a traced
-      ``uint64`` offset above ``2**63 - 1`` saturates to ``2**63 - 1``. ``offsets[dim] +
-      index[i]`` is computed exactly (no wrap-around), for uint64 indices too.
+    * ``offsets`` may also be a rank-1 integer array of length ``dim + 1``. Offsets and
+      ``num_indices`` travel in jax's default integer type: int64 under
+      ``jax_enable_x64``, else int32. A static offset outside that range raises
+      ``ValueError``; a traced unsigned offset above its maximum saturates to it.
+      ``offsets[dim] + index[i]`` is computed exactly (no wrap-around), for unsigned
+      64-bit indices too.
     * ``dim`` must be a Python int (``TypeError`` otherwise, bool included); ``index``
       must be an integer array, bool is not (``TypeError``); ``align_bytes`` must be a
       positive int multiple of the itemsize (``ValueError``), sub-byte dtypes count as
@@ -137,9 +148,11 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
       ``num_indices`` get none.
     """
     fn = "gather"
+    if isinstance(src, (str, bytes)):  # jnp.asarray(b"\x00") is an array of True
+        raise TypeError(f"{fn}: src must be an array, got {type(src).__name__}")
     try:
         src = jnp.asarray(src)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # ValueError: None
         raise TypeError(f"{fn}: src must be an array, got {type(src).__name__}: {e}")
     # dim
     d = _static_int(dim)
@@ -159,7 +172,8 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
             raise TypeError(f"{fn}: offsets must have an integer dtype, got {offsets.dtype} "
                             f"with shape {_fmt(offsets.shape)}")
         offsets = [offsets[k] for k in range(offsets.shape[0])]
-    elif isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__len__"):
+    elif (isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__len__")
+          or getattr(offsets, "ndim", None) == 0):  # a 0-d array: __len__ but no length
         raise TypeError(f"{fn}: offsets must be a sequence of dim + 1 = {dim + 1} integers, got "
                         f"{type(offsets).__name__}")
     offsets = list(offsets)
@@ -167,19 +181,24 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
         raise ValueError(f"{fn}: offsets must hold dim + 1 = {dim + 1} values for dim={dim}, "
                          f"got {len(offsets)}")
     offs = []
+    cdt = _carrier()
     for k, o in enumerate(offsets):
         s, a = _int_scalar(o, f"offsets[{k}]", fn)
         if s is not None:
-            if not _I64_MIN <= s <= _I64_MAX:
-                raise ValueError(f"{fn}: offsets[{k}]={s} does not fit in int64")
-            offs.append(jnp.asarray(s, jnp.int64))
+            if not np.iinfo(cdt).min <= s <= np.iinfo(cdt).max:
+                raise ValueError(f"{fn}: offsets[{k}]={s} does not fit in {cdt.name}"
+                                 + ("" if cdt == np.int64 else " (enable jax_enable_x64 for "
+                                    "64-bit offsets)"))
+            offs.append(jnp.asarray(s, cdt))
         else:
-            offs.append(_to_i64(a))
+            offs.append(_to_carrier(a))
     offsets_arr = jnp.stack(offs)
     # index
+    if isinstance(index, (str, bytes)):  # jnp.asarray(b"\x00") is an array of True
+        raise TypeError(f"{fn}: index must be an integer array, got {type(index).__name__}")
     try:
         index = jnp.asarray(index)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # ValueError: None
         raise TypeError(f"{fn}: index must be an integer array, got {type(index).__name__}: {e}")
     if index.ndim != 1:
         raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
@@ -190,23 +209,28 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
     n = index.shape[0]
     # num_indices
     if num_indices is None:
-        num = jnp.asarray(n, jnp.int64)
+        num = jnp.asarray(n, cdt)
     else:
         s, a = _int_scalar(num_indices, "num_indices", fn)
         if s is not None:
             if not 0 <= s <= n:
                 raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
                                  f"{_fmt(index.shape)}")
-            num = jnp.asarray(s, jnp.int64)
+            num = jnp.asarray(s, cdt)
         else:
-            num = _to_i64(a, saturate_to=n)
+            num = _to_carrier(a, saturate_to=n)
     # pad_value
     if pad_value is None:
         pad = jnp.zeros((), src.dtype)
     else:
+        if isinstance(pad_value, (str, bytes)):
+            raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}")
         try:
             p = jnp.asarray(pad_value)
-        except TypeError as e:
+        except OverflowError as e:
+            raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
+                             f"{src.dtype}: {e}") from None
+        except (TypeError, ValueError) as e:  # ValueError: a ragged list
             raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}: {e}")
         if p.ndim != 0:
             raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
@@ -214,18 +238,22 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
         if isinstance(pad_value, (int, float, complex, bool)) and not isinstance(pad_value, np.generic):
             try:
                 pad = jnp.asarray(pad_value, dtype=src.dtype)
-            except OverflowError as e:
+            except (OverflowError, ValueError) as e:  # ValueError: NaN into an integer
                 raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
-                                 f"{src.dtype}: {e}")
+                                 f"{src.dtype}: {e}") from None
+            except TypeError as e:  # a complex into a real dtype
+                raise TypeError(f"{fn}: pad_value={pad_value!r} cannot be cast to src's dtype "
+                                f"{src.dtype}: {e}") from None
         else:
             pad = p.astype(src.dtype)
     # align_bytes
     itemsize = np.dtype(src.dtype).itemsize
     if align_bytes is not None:
         ab = _static_int(align_bytes)
-        if ab is None or ab <= 0 or ab % itemsize:
+        if ab is None or ab <= 0 or ab % itemsize or ab > 2 ** 31:
             raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of src's "
-                             f"itemsize {itemsize} ({src.dtype}), got {align_bytes!r}")
+                             f"itemsize {itemsize} ({src.dtype}) up to 2**31, got "
+                             f"{align_bytes!r}")
         align_bytes = ab
     L = _row_len(src.shape[-1], itemsize, align_bytes)
     return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=int(L),
@@ -259,8 +287,10 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
     for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
                        ("num_indices", num, 0), ("pad_value", pad, 0)):
         _check_batch(name, a, bshape, nbatch, r)
-    if offsets.shape[-1] != dim + 1 or offsets.dtype != np.int64 or num.dtype != np.int64:
-        raise TypeError("jax_ext_gather: offsets/num_indices must be int64 of the right length")
+    if (offsets.shape[-1] != dim + 1 or offsets.dtype not in (np.int32, np.int64)
+            or num.dtype not in (np.int32, np.int64)):
+        raise TypeError("jax_ext_gather: offsets/num_indices must be int32/int64 of the right "
+                        "length")
     if pad.dtype != src.dtype or not _is_int_dtype(index.dtype):
         raise TypeError(f"jax_ext_gather: bad dtypes src {src.dtype}, pad {pad.dtype}, "
                         f"index {index.dtype}")
@@ -273,7 +303,6 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
         [ss[-1]] if sshape[-1] == row_len else []])
     return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
                                 weak_type=bool(src.weak_type))
-
 
 
 def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
@@ -292,7 +321,6 @@ def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshap
                                 dtype=ct.dtype, weak_type=bool(ct.weak_type))
 
 
-
 gather_p.def_abstract_eval(_gather_abstract_eval)
 scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
 
@@ -305,7 +333,7 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
     for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one."""
     n = index.shape[-1]
-    i64 = jnp.int64
+    i64 = offsets.dtype  # int64, or int32 without jax_enable_x64
     ok = jnp.ones(offsets.shape[:-1], bool)
     p = jnp.zeros(offsets.shape[:-1], i64)
     for k in range(dim):
@@ -315,12 +343,13 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
         p = p * s + jnp.clip(o, 0, max(s - 1, 0))
     R = sshape[dim]
     odim = offsets[..., dim][..., None]
-    if index.dtype == jnp.uint64:
-        big = index >= np.uint64(2 ** 63)
-        mn = np.int64(_I64_MIN)
+    if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(i64).itemsize:
+        # unsigned values at or above 2**(bits-1) do not fit: shift both terms by it.
+        mn = np.array(np.iinfo(i64).min, i64)
+        big = index >= np.array(np.iinfo(i64).max, index.dtype) + np.array(1, index.dtype)
         x = jnp.where(big, odim ^ mn, odim)
         y = jnp.where(big, lax.bitcast_convert_type(index, i64) ^ mn, index.astype(i64))
-        huge = big & (odim >= 0)  # r >= 2**63: beyond every row
+        huge = big & (odim >= 0)  # r >= 2**(bits-1): beyond every row
     else:
         x, y, huge = odim, index.astype(i64), None
     r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
@@ -331,7 +360,7 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
         neg, over = neg & ~huge, over | huge
     inr = ~neg & ~over
     rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
-    live = jnp.arange(n, dtype=i64) < num[..., None]
+    live = jnp.arange(n, dtype=i64) < num[..., None].astype(i64)
     if check_bounds:
         valid = ok[..., None] & inr & live
     else:
@@ -342,12 +371,13 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
 
 def _batch_lin(ashape, bshape):
     """Linear index over an operand's batch dims (size 1: broadcast) for every point of
-    the full batch shape: an int64 array of bshape."""
+    the full batch shape: an integer array of bshape."""
     st = _lowering.dense_strides(ashape)
-    lin = jnp.zeros(bshape, jnp.int64)
+    c = _carrier()
+    lin = jnp.zeros(bshape, c)
     for j, (a, b) in enumerate(zip(ashape, bshape)):
         if a != 1:
-            lin = lin + lax.broadcasted_iota(jnp.int64, bshape, j) * st[j]
+            lin = lin + lax.broadcasted_iota(c, bshape, j) * st[j]
     return lin
 
 
@@ -438,7 +468,8 @@ def _bstrides(ashape, bshape, slice_size):
 def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
                    impl):
     avals = ctx.avals_in
-    if not _lowering.native_dtype_ok(avals[0].dtype):
+    if not (_lowering.native_dtype_ok(avals[0].dtype)
+            and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
     bshape = _batch_shape(avals, nbatch)
     sshape = avals[0].shape[nbatch:]
@@ -459,7 +490,8 @@ _NATIVE_SCATTER = {np.dtype(t) for t in (
 def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds,
                     nbatch, impl):
     avals = ctx.avals_in
-    if np.dtype(avals[0].dtype) not in _NATIVE_SCATTER:
+    if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
+            or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
     bshape = _batch_shape(avals, nbatch)
     size = int(np.prod(src_shape, dtype=np.int64))

@@ -657,3 +657,64 @@ def test_hypothesis_grad(dim, cb, index, off, num, seed):
     ws, wp = dense_grads(src, list(offs), dim, index, ct, check_bounds=cb, num_indices=num)
     np.testing.assert_allclose(got[0][0], ws, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[0][1], wp, rtol=1e-12, atol=1e-12)
+
+
+def test_without_x64_offsets_travel_as_int32():
+    """jax_enable_x64 off (jax's default): offsets/num_indices are int32 operands; uint32
+    indices above 2**31 still add exactly. Runs in a fresh process (conftest enables x64)."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import warnings; warnings.simplefilter("error")
+        import jax, jax.numpy as jnp, numpy as np, jax_ext
+        assert not jax.config.jax_enable_x64
+        src = jnp.arange(48, dtype=jnp.float32).reshape(4, 3, 4)
+        idx = jnp.array([0, 3, 4, 2**31 + 1, 2**32 - 1], jnp.uint32)
+        outs = []
+        for impl in ["native", "lax"]:
+            with jax_ext.implementation(impl):
+                r = jax_ext.gather(src, [1, -2], 1, idx, num_indices=jnp.uint32(2**32 - 1))
+                assert r.shape == (5, 8)
+                np.testing.assert_array_equal(r[:, 0], [0, 16, 20, 0, 0])
+                g = jax.grad(lambda s, p: jnp.sum(jax_ext.gather(
+                    s, [0], 0, jnp.array([1, 1, 7]), pad_value=p) ** 2), argnums=(0, 1))(src, 1.0)
+                np.testing.assert_array_equal(g[0][1, 0], [48, 52, 56, 60])
+                assert float(g[1]) == 96.0
+                v = jax.vmap(lambda o, i: jax_ext.gather(src, [o], 0, i))(
+                    jnp.array([0, 1]), jnp.array([[0, 1], [2, 3]]))
+                np.testing.assert_array_equal(v[:, :, 0, 0], [[0, 12], [36, 0]])
+        try:
+            jax_ext.gather(src, [2**40], 0, idx)
+        except ValueError as e:
+            assert "int32" in str(e) and "jax_enable_x64" in str(e)
+        else:
+            raise AssertionError("no ValueError")
+        print("ok")
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd="/")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_large_threaded_paths_native_equals_lax():
+    """Big enough for the threaded and streaming (>= 16 MiB result) gather paths and for
+    both scatter-add partitions (columns for long rows, output rows for short ones),
+    with heavy duplication: native and lax agree bit for bit."""
+    rng = np.random.default_rng(11)
+    src = jnp.asarray(rng.standard_normal((2048, 1024)).astype(np.float32))
+    index = jnp.asarray(rng.integers(-8, 2060, 4160).astype(np.int32))
+    got = both(jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, pad_value=7.0,
+                                                   num_indices=4100)), src, index)
+    assert got.nbytes >= 16 << 20
+    np.testing.assert_array_equal(got[:5], ref_gather(np.asarray(src), [0], 0, index[:5]))
+    for shape in [(64, 256), (512, 8)]:
+        s = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+        idx = jnp.asarray(rng.integers(-2, shape[0] + 2, 20000).astype(np.int32))
+        ct = jnp.asarray(rng.standard_normal((20000, row_len(shape[1], 4, 32)))
+                         .astype(np.float32))
+        g = both(jax.jit(lambda s, i, c: jax.vjp(lambda s: jax_ext.gather(s, [0], 0, i), s)[1](c)[0]),
+                 s, idx, ct)
+        ws, _ = dense_grads(np.asarray(s), [0], 0, np.asarray(idx), np.asarray(ct))
+        np.testing.assert_allclose(g, ws, rtol=1e-4, atol=1e-3)

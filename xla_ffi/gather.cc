@@ -22,10 +22,15 @@
 // deterministic. float16/bfloat16 accumulate in float32 and round once at the end.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common.h"
 #include "parallel.h"
@@ -37,6 +42,72 @@ namespace {
 constexpr int kMaxRank = 64;
 constexpr int kMaxBatchRank = 64;
 constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
+
+// Results at least this large do not fit in the last-level cache: rows are written with
+// non-temporal stores, which skip reading each destination line before overwriting it.
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+
+// Copies `bytes` with non-temporal stores where the target allows.
+inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+}
+
+inline void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
+#endif
+}
+
+inline void PrefetchBytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// Runs fn(begin, end) over blocks of `block` units covering [0, n), handed out one at a
+// time from a shared counter: a thread the pool starts late (or never) leaves its blocks
+// to the others instead of making the caller wait for them.
+template <typename Fn>
+void DynamicFor(ffi::ThreadPool& pool, int64_t n, int64_t block, const Fn& fn) {
+  if (n <= 0) return;
+  block = std::max<int64_t>(1, block);
+  const int64_t blocks = (n + block - 1) / block;
+  const int64_t tasks =
+      std::clamp<int64_t>(blocks / 2, 1, std::max<int64_t>(1, pool.num_threads()));
+  if (tasks == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  ParallelFor(pool, tasks, 1, [&](int64_t, int64_t) {
+    for (;;) {
+      const int64_t k = next.fetch_add(1, std::memory_order_relaxed);
+      if (k >= blocks) return;
+      fn(k * block, std::min(n, (k + 1) * block));
+    }
+  });
+}
 
 std::string Msg(const char* op, const std::string& s) {
   return std::string("jax_ext ") + op + ": " + s;
@@ -56,6 +127,19 @@ ffi::Error DispatchIndex(ffi::DataType t, F&& f) {
     case ffi::DataType::U64: return f(uint64_t{});
     default: return ffi::Error::InvalidArgument("index must have an integer dtype of 8 to 64 bits");
   }
+}
+
+// offsets and num_indices arrive as int64 (jax_enable_x64) or int32 (the default).
+struct IntOperand {
+  const void* p;
+  bool wide;
+  int64_t operator[](int64_t i) const {
+    return wide ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+  }
+};
+
+inline bool IsOffsetType(ffi::DataType t) {
+  return t == ffi::DataType::S64 || t == ffi::DataType::S32;
 }
 
 // The geometry both kernels share, validated once.
@@ -112,7 +196,10 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
   g.src_size = acc;
   g.last = src_shape[rank - 1];
   g.inner = 1;
-  for (int64_t d = dim + 1; d < rank - 1; ++d) g.inner *= src_shape[d];
+  for (int64_t d = dim + 1; d < rank - 1; ++d)
+    if (__builtin_mul_overflow(g.inner, src_shape[d], &g.inner))  // possible when last == 0
+      return ffi::Error::InvalidArgument(Msg(op, "src shape " + ShapeString(src_shape) +
+                                                     " overflows 64 bits"));
   if (row_len < g.last)
     return ffi::Error::InvalidArgument(Msg(op, "row_len " + std::to_string(row_len) +
                                                    " is shorter than the last src dimension " +
@@ -175,20 +262,29 @@ struct RowBase {
   int64_t rows;  // src_shape[dim]
 };
 
-inline RowBase BaseOf(const Geometry& g, const int64_t* offs, bool check) {
-  RowBase rb{true, 0, offs[g.dim], g.shape[g.dim]};
+inline RowBase BaseOf(const Geometry& g, IntOperand offs_op, int64_t at, bool check) {
+  auto offs = [&](int k) { return offs_op[at + k]; };
+  RowBase rb{true, 0, offs(g.dim), g.shape[g.dim]};
   int64_t p = 0;
   for (int k = 0; k < g.dim; ++k) {
-    int64_t o = offs[k];
+    int64_t o = offs(k);
     const int64_t s = g.shape[k];
     if (o < 0 || o >= s) {
       if (check || s == 0) rb.ok = false;
       o = o < 0 ? 0 : s - 1;
     }
-    p = p * s + o;  // < prod(shape[:k+1]) <= src_size: no overflow
+    // < prod(shape[:k+1]) <= src_size, except when src has no elements (a later dim is
+    // 0): then rows read nothing, so a row whose position overflows is simply pad.
+    if (__builtin_mul_overflow(p, s, &p) || __builtin_add_overflow(p, o, &p)) {
+      rb.ok = false;
+      p = 0;
+    }
   }
   if (rb.rows == 0) rb.ok = false;
-  rb.base = p * rb.rows;
+  if (__builtin_mul_overflow(p, rb.rows, &rb.base)) {
+    rb.ok = false;
+    rb.base = 0;
+  }
   return rb;
 }
 
@@ -223,8 +319,10 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
   const ffi::DataType dt = out->element_type();
   if (src.element_type() != dt || pad.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
-  if (offsets.element_type() != ffi::DataType::S64 || num.element_type() != ffi::DataType::S64)
-    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int64"));
+  if (IsSubByte(dt))
+    return ffi::Error::InvalidArgument(Msg(op, "sub-byte dtypes are not supported"));
+  if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
+    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
   std::array<int64_t, kMaxBatchRank> sst{}, ost{}, ist{}, nst{}, pst{};
   if (auto e = CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst);
       e.failure())
@@ -242,9 +340,9 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
   if (auto e = CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst);
       e.failure())
     return e;
-  const int64_t row_out = g.inner * g.row_len;  // elements of one result row
-  int64_t total_rows, total;
-  if (__builtin_mul_overflow(g.batch, g.n, &total_rows) ||
+  int64_t row_out, total_rows, total;  // row_out: elements of one result row
+  if (__builtin_mul_overflow(g.inner, g.row_len, &row_out) ||
+      __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
       __builtin_mul_overflow(total_rows, row_out, &total) ||
       total != static_cast<int64_t>(out->element_count()))
     return ffi::Error::InvalidArgument(
@@ -259,9 +357,9 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
     return DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
       using I = decltype(itag);
       const T* sp = static_cast<const T*>(src.untyped_data());
-      const int64_t* op_ = static_cast<const int64_t*>(offsets.untyped_data());
+      const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
       const I* ip = static_cast<const I*>(index.untyped_data());
-      const int64_t* np_ = static_cast<const int64_t*>(num.untyped_data());
+      const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
       const T* pp = static_cast<const T*>(pad.untyped_data());
       T* o = static_cast<T*>(out->untyped_data());
       const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
@@ -269,32 +367,53 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
       const int64_t min_chunk =
           std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
-      ParallelFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
-        int64_t cur = -1, k = 0;
+      const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
+      const int64_t row_bytes = row_src * int64_t(sizeof(T));
+      // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
+      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
+      DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
+        int64_t b = begin / nn, i = begin - b * nn, k = 0;
         RowBase rb{};
         const T* s = nullptr;
         const I* ix = nullptr;
         T pv{};
-        for (int64_t u = begin; u < end; ++u) {
-          const int64_t b = u / nn, i = u - b * nn;
-          if (b != cur) {
-            cur = b;
-            s = sp + BatchOffset(g, sst, b);
-            ix = ip + BatchOffset(g, ist, b);
-            rb = BaseOf(g, op_ + BatchOffset(g, ost, b), check_bounds);
-            const int64_t kk = np_[BatchOffset(g, nst, b)];
-            k = std::clamp<int64_t>(kk, 0, nn);
-            pv = pp[BatchOffset(g, pst, b)];
+        auto load = [&]() {
+          s = sp + BatchOffset(g, sst, b);
+          ix = ip + BatchOffset(g, ist, b);
+          rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
+          k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, nn) : 0;
+          pv = pp[BatchOffset(g, pst, b)];
+        };
+        load();
+        // Warm up the prefetch window of this block.
+        for (int64_t j = i; j < std::min(k, i + ahead); ++j) {
+          int64_t rp;
+          if (RowOf(rb, ix[j], check_bounds, &rp))
+            PrefetchBytes(s + (rb.base + rp) * row_src, row_bytes);
+        }
+        T* orow = o + begin * row_out;
+        for (int64_t u = begin; u < end; ++u, ++i, orow += row_out) {
+          if (i == nn) {
+            ++b;
+            i = 0;
+            load();
           }
-          T* orow = o + u * row_out;
           int64_t r = 0;
-          if (i >= k || !rb.ok || !RowOf(rb, ix[i], check_bounds, &r)) {
+          if (i >= k || !RowOf(rb, ix[i], check_bounds, &r)) {
             std::fill_n(orow, row_out, pv);
             continue;
           }
+          if (i + ahead < k) {
+            int64_t rp;
+            if (RowOf(rb, ix[i + ahead], check_bounds, &rp))
+              PrefetchBytes(s + (rb.base + rp) * row_src, row_bytes);
+          }
           const T* srow = s + (rb.base + r) * row_src;
           if (L == last) {
-            std::memcpy(orow, srow, static_cast<size_t>(row_src) * sizeof(T));
+            if (stream)
+              StreamBytes(orow, srow, row_bytes);
+            else
+              std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
           } else {
             for (int64_t j = 0; j < inner; ++j) {
               std::memcpy(orow + j * L, srow + j * last, last_bytes);
@@ -302,6 +421,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
             }
           }
         }
+        if (stream) StreamFence();
       });
       return ffi::Error::Success();
     });
@@ -391,8 +511,17 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
       for (int64_t tk = tb; tk < te; ++tk) {
         const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
         const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
-        for (int64_t u = 0; u < total_rows; ++u)
+        // Output rows are hit in random order: prefetch the owned part of the rows a
+        // few targets ahead (about 4 KiB in flight) for writing.
+        const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
+        const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
+        for (int64_t u = 0; u < total_rows; ++u) {
+          if (u + ahead < total_rows && targets[u + ahead] >= 0) {
+            const char* p = reinterpret_cast<const char*>(acc + targets[u + ahead] * E + c0);
+            for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
+          }
           if (targets[u] >= 0) add(u, targets[u], c0, c1);
+        }
       }
     });
   } else {
@@ -432,8 +561,8 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   const ffi::DataType dt = out->element_type();
   if (ct.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
-  if (offsets.element_type() != ffi::DataType::S64 || num.element_type() != ffi::DataType::S64)
-    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int64"));
+  if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
+    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
   std::array<int64_t, kMaxBatchRank> xst{}, ost{}, ist{}, nst{};
   if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
                             offsets.element_count(), ost);
@@ -448,9 +577,10 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   if (auto e = CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst);
       e.failure())
     return e;
-  int64_t total_rows, total;
-  if (__builtin_mul_overflow(g.batch, g.n, &total_rows) ||
-      __builtin_mul_overflow(total_rows, g.inner * g.row_len, &total) ||
+  int64_t row_ct, total_rows, total;
+  if (__builtin_mul_overflow(g.inner, g.row_len, &row_ct) ||
+      __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
+      __builtin_mul_overflow(total_rows, row_ct, &total) ||
       total != static_cast<int64_t>(ct.element_count()))
     return ffi::Error::InvalidArgument(
         Msg(op, "the cotangent has " + std::to_string(ct.element_count()) +
@@ -466,11 +596,11 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   if (row_src > 0) {
     ffi::Error err = DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
       using I = decltype(itag);
-      const int64_t* op_ = static_cast<const int64_t*>(offsets.untyped_data());
+      const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
       const I* ip = static_cast<const I*>(index.untyped_data());
-      const int64_t* np_ = static_cast<const int64_t*>(num.untyped_data());
+      const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
       for (int64_t b = 0; b < g.batch; ++b) {
-        const RowBase rb = BaseOf(g, op_ + BatchOffset(g, ost, b), check_bounds);
+        const RowBase rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
         if (!rb.ok) continue;
         const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, g.n);
         const I* ix = ip + BatchOffset(g, ist, b);
