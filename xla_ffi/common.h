@@ -34,6 +34,25 @@ ffi::Error DispatchWidth(size_t width, F&& f) {
   }
 }
 
+// Sub-byte types (int4, uint4, int2, uint2, float4_e2m1fn) are packed two or more to a
+// byte, yet ffi::ByteWidth reports 1 for them: a kernel moving element_count() units of
+// ByteWidth bytes would read and write past their buffers. The byte-moving kernels
+// refuse them (the Python side routes them to lax; only a direct FFI call gets here).
+inline bool IsSubByte(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::S1:
+    case ffi::DataType::S2:
+    case ffi::DataType::S4:
+    case ffi::DataType::U1:
+    case ffi::DataType::U2:
+    case ffi::DataType::U4:
+    case ffi::DataType::F4E2M1FN:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Branch-free choice: reads both sides (they are always in bounds) so loops vectorize.
 template <typename T>
 inline T Pick(uint8_t c, T x, T y) {

@@ -174,6 +174,8 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("jax_ext select: cond must be bool");
   if (x.element_type() != out->element_type() || y.element_type() != out->element_type())
     return ffi::Error::InvalidArgument("jax_ext select: x, y and the result differ in dtype");
+  if (IsSubByte(out->element_type()))
+    return ffi::Error::InvalidArgument("jax_ext select: sub-byte dtypes are not supported");
   Geometry g{};
   g.rank = static_cast<int>(rank);
   int64_t total = 1;
