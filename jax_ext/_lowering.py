@@ -215,8 +215,8 @@ def to_bytes(x):
     """x -> uint8 array of shape x.shape + (itemsize,) (no extra dim for 1-byte types;
     bool stays bool). Complex values become their real and imaginary bytes."""
     dt = np.dtype(x.dtype)
-    if dt == np.bool_:
-        return x
+    if dt == np.bool_ or not native_dtype_ok(dt):
+        return x  # sub-byte types have no byte view; integers and float4 keep their bits
     if jnp.issubdtype(dt, jnp.complexfloating):
         parts = [lax.bitcast_convert_type(p, jnp.uint8) for p in (lax.real(x), lax.imag(x))]
         return jnp.concatenate(parts, axis=-1)
@@ -225,7 +225,7 @@ def to_bytes(x):
 
 def from_bytes(b, dtype):
     dt = np.dtype(dtype)
-    if dt == np.bool_:
+    if dt == np.bool_ or not native_dtype_ok(dt):
         return b
     if jnp.issubdtype(dt, jnp.complexfloating):
         half = dt.itemsize // 2
@@ -239,4 +239,4 @@ def from_bytes(b, dtype):
 def extra_byte_dims(dtype) -> int:
     """How many trailing dims to_bytes adds (0 or 1)."""
     dt = np.dtype(dtype)
-    return 0 if dt == np.bool_ or dt.itemsize == 1 else 1
+    return 0 if dt == np.bool_ or dt.itemsize == 1 or not native_dtype_ok(dt) else 1

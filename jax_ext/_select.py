@@ -36,16 +36,21 @@ def _fmt(shape) -> str:
 def _as_array(v, arg: str, fn: str):
     if isinstance(v, _SCALAR_TYPES) and not isinstance(v, np.generic):
         return v  # a weakly typed Python scalar: typed later against the other operand
+    if isinstance(v, (str, bytes)):  # jnp.asarray(b"\x00") is True: never an array here
+        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}")
     try:
         return jnp.asarray(v)
-    except TypeError as e:
-        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}: {e}")
+    except (TypeError, ValueError) as e:  # ValueError: None, ragged nested lists
+        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}: "
+                        f"{e}") from None
 
 
 def _condition(c, arg: str, fn: str):
     if isinstance(c, bool):
         c = np.bool_(c)
     c = _as_array(c, arg, fn)
+    if not hasattr(c, "dtype"):  # a Python int/float/complex
+        raise TypeError(f"{fn}: {arg} must have dtype bool, got {type(c).__name__} {c!r}")
     if c.dtype != jnp.bool_:
         raise TypeError(f"{fn}: {arg} must have dtype bool, got {c.dtype} with shape "
                         f"{_fmt(c.shape)}")
@@ -54,8 +59,23 @@ def _condition(c, arg: str, fn: str):
 
 def _values(x, y, names: tuple[str, str], fn: str):
     """Both value operands with one dtype. A weakly typed scalar (Python scalar or
-    weakly typed array) takes the other operand's dtype; two strong dtypes must agree."""
+    weakly typed array) takes the other operand's dtype; two strong dtypes must agree.
+    A Python scalar that does not fit that dtype (2**70 for int8, NaN for int32, a
+    complex for float32) raises ValueError (TypeError for a complex), naming it."""
     x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
+    try:
+        return _values_typed(x, y, names, fn)
+    except (OverflowError, ValueError, TypeError) as e:
+        if str(e).startswith(f"{fn}:"):
+            raise
+        cls = TypeError if isinstance(e, TypeError) else ValueError
+        desc = ", ".join(f"{n}: {v!r}" if not hasattr(v, "dtype") else f"{n}: {v.dtype}"
+                         f"{_fmt(v.shape)}" for n, v in zip(names, (x, y)))
+        raise cls(f"{fn}: a Python scalar does not fit the other operand's dtype ({desc}): "
+                  f"{e}") from None
+
+
+def _values_typed(x, y, names, fn):
     x_py, y_py = not hasattr(x, "dtype"), not hasattr(y, "dtype")
     if x_py and y_py:  # promote like jnp, in Python, so the result stays weakly typed
         kind = np.dtype(jnp.result_type(x, y)).kind
@@ -191,7 +211,6 @@ def _abstract_eval(cond, x, y, *, out_shape, dims, impl):
          if o2 == o and a.shape[j] == n] for o, n in enumerate(out_shape)])
     return _compat.typed_result(avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
                                 weak_type=bool(x.weak_type and y.weak_type))
-
 
 
 select_p.def_abstract_eval(_abstract_eval)
