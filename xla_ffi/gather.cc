@@ -370,7 +370,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
       const int64_t row_bytes = row_src * int64_t(sizeof(T));
       // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
-      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
+      const int64_t ahead = std::clamp<int64_t>(1024 / std::max<int64_t>(1, row_bytes), 2, 64);
       DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
         int64_t b = begin / nn, i = begin - b * nn, k = 0;
         RowBase rb{};
