@@ -15,6 +15,19 @@ settings.register_profile("long", deadline=None, max_examples=2000,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_sessionstart(session):
+    """Under .ci/sanitize.sh: the imported native module must be the sanitized build."""
+    want = os.environ.get("JAX_EXT_EXPECT_SANITIZED")
+    if not want:
+        return
+    import jax_ext
+    from jax_ext import _jax_ext
+    assert jax_ext.native_available(), "sanitized run: the native module did not load"
+    assert os.path.samefile(_jax_ext.__file__, want), (_jax_ext.__file__, want)
+    with open("/proc/self/maps") as f:
+        assert "libasan" in f.read(), "sanitized run: libasan is not loaded"
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="run the big-buffer tests (> 2^31 bytes, several GiB of memory)")
