@@ -1,0 +1,448 @@
+"""Hostile inputs never crash (SPEC "Errors, never crashes", issue 4).
+
+Every public function gets wild values, huge sizes, NaN, empty and 0-d operands,
+mismatched dtypes and non-array inputs: each gives a correct result or the documented
+exception. The registered FFI targets are also called directly with malicious
+attributes (strides and shapes that would read out of bounds, wrong ranks, wrong
+dtypes): each must fail with a clean runtime error naming the problem.
+
+Cases that could crash the interpreter (anything that reaches native code with a hostile
+value) run in a child process: a segfault or abort there is a test failure showing the
+child's stderr, not a dead test run. Under .ci/sanitize.sh the children inherit
+LD_PRELOAD/ASAN_OPTIONS, so an out-of-bounds access in them is reported too.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_ext
+from helpers import ALL_DTYPES, assert_bits_equal, random_values
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+RuntimeErr = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntimeError
+I64_MIN, I64_MAX = -(2 ** 63), 2 ** 63 - 1
+SUB_BYTE = [getattr(jnp, n) for n in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn")
+            if hasattr(jnp, n)]
+
+
+# --- child processes ------------------------------------------------------------------
+
+CHILD = {}
+
+
+def child(fn):
+    """Registers fn to run in a fresh interpreter (see test_in_child_process)."""
+    CHILD[fn.__name__] = fn
+    return fn
+
+
+def run_child(name, timeout=600):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {TESTS!r})
+        import conftest  # x64 and the hypothesis profile, as in the parent
+        import test_hostile
+        getattr(test_hostile, {name!r})()
+        print("CHILD-OK")
+    """)
+    # cwd: not the repository root, whose jax_ext/ source dir lacks the compiled module.
+    p = subprocess.run([sys.executable, "-c", code], cwd=TESTS + "/..", capture_output=True,
+                       text=True, timeout=timeout, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    if p.returncode != 0 or "CHILD-OK" not in p.stdout:
+        how = (f"killed by signal {-p.returncode}" if p.returncode < 0
+               else f"exit status {p.returncode}")
+        raise AssertionError(f"child {name} failed ({how})\n--- stdout\n{p.stdout[-3000:]}"
+                             f"\n--- stderr\n{p.stderr[-6000:]}")
+
+
+def ref_gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None,
+               pad_value=None, align_bytes=32):
+    from test_gather import ref_gather as ref
+    return ref(src, offsets, dim, index, check_bounds=check_bounds, num_indices=num_indices,
+               pad_value=pad_value, align_bytes=align_bytes)
+
+
+def both(fn, *args, **kw):
+    """fn natively and through lax; the two agree bit for bit; returns the native one."""
+    outs = []
+    for impl in ("native", "lax"):
+        with jax_ext.implementation(impl):
+            outs.append(np.asarray(jax.block_until_ready(fn(*args, **kw))))
+    assert_bits_equal(outs[0], outs[1])
+    return outs[0]
+
+
+WILD = [0, 1, -1, 3, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 5, -2 ** 31, -2 ** 31 - 1, 2 ** 32 + 1,
+        I64_MAX, I64_MIN, I64_MAX - 2, I64_MIN + 2]
+
+
+@child
+def gather_wild_static():
+    rng = np.random.default_rng(0)
+    src = random_values(rng, (4, 5, 3), np.float32)
+    idx64 = np.array(WILD, np.int64)
+    idxu64 = np.array([0, 3, 2 ** 63, 2 ** 64 - 1, 2 ** 32, 2 ** 31], np.uint64)
+    for cb in (True, False):
+        for offs in ([0], [3], [I64_MAX], [I64_MIN], [-2 ** 31]):
+            for idx in (idx64, idxu64, idx64.astype(np.int32)):
+                got = both(jax_ext.gather, src, offs, 0, idx, check_bounds=cb)
+                assert_bits_equal(got, ref_gather(src, offs, 0, idx, check_bounds=cb))
+        for offs in ([I64_MAX, 0], [I64_MIN, I64_MAX], [1, I64_MIN], [3, 2 ** 40], [-1, 2]):
+            got = both(jax_ext.gather, src, offs, 1, idx64, check_bounds=cb, align_bytes=None)
+            assert_bits_equal(got, ref_gather(src, offs, 1, idx64, check_bounds=cb,
+                                              align_bytes=None))
+
+
+@child
+def gather_wild_traced():
+    rng = np.random.default_rng(1)
+    src = random_values(rng, (3, 4, 6), ml_dtypes.bfloat16)
+    for cb in (True, False):
+        for impl in ("native", "lax"):
+            with jax_ext.implementation(impl):
+                f = jax.jit(lambda s, o, i, k: jax_ext.gather(
+                    s, [o[0], o[1]], 1, i, check_bounds=cb, num_indices=k, pad_value=-1.0))
+                for o in ([I64_MAX, I64_MAX], [I64_MIN, I64_MIN], [1, I64_MIN + 1],
+                          [-1, 2], [2, I64_MAX - 1]):
+                    for k in (0, 3, len(WILD), I64_MAX, I64_MIN, -1):
+                        idx = np.array(WILD, np.int64)
+                        got = f(src, np.array(o, np.int64), idx, np.int64(k))
+                        want = ref_gather(src, o, 1, idx, check_bounds=cb, num_indices=k,
+                                          pad_value=-1.0)
+                        assert_bits_equal(got, want)
+                # traced uint64 offsets above int64 saturate; uint64 num_indices clamps
+                g = jax.jit(lambda s, o, i, k: jax_ext.gather(
+                    s, o, 0, i, check_bounds=cb, num_indices=k))
+                got = g(src, np.array([2 ** 64 - 1], np.uint64), np.array([0, -1], np.int64),
+                        np.uint64(2 ** 64 - 1))
+                want = ref_gather(src, [I64_MAX], 0, [0, -1], check_bounds=cb)
+                assert_bits_equal(got, want)
+
+
+@child
+def gather_huge_num_nan_pad_empty():
+    rng = np.random.default_rng(2)
+    src = random_values(rng, (5, 4), np.float32)
+    idx = np.array([0, 4, 9, -3], np.int32)
+    # static num_indices outside [0, n]: ValueError, before any native code runs
+    for k in (5, -1, 2 ** 62, 2 ** 70, -2 ** 70):
+        with pytest.raises(ValueError, match="num_indices"):
+            jax_ext.gather(src, [0], 0, idx, num_indices=k)
+    # traced: clamped to [0, n]
+    for k, dt in ((2 ** 62, np.int64), (I64_MIN, np.int64), (2 ** 64 - 1, np.uint64),
+                  (2 ** 31 - 1, np.int32), (-2 ** 31, np.int32), (255, np.uint8)):
+        got = both(jax.jit(lambda s, i, k: jax_ext.gather(s, [0], 0, i, num_indices=k)),
+                   src, idx, dt(k))
+        assert_bits_equal(got, ref_gather(src, [0], 0, idx, num_indices=int(k)))
+    # NaN pad values: quiet, signalling with payload, into floats; NaN into integers
+    # converts (as astype) -- natively and through lax alike
+    snan = np.array(0x7F800001, np.uint32).view(np.float32)
+    for pad in (float("nan"), np.float32(np.nan), snan, -np.float32(np.nan)):
+        got = both(jax_ext.gather, src, [0], 0, idx, pad_value=pad)
+        assert_bits_equal(got, ref_gather(src, [0], 0, idx, pad_value=pad))
+    both(jax_ext.gather, src.astype(np.int32), [0], 0, idx, pad_value=np.float32(np.nan))
+    both(jax_ext.gather, src.astype(np.uint8), [0], 0, idx, pad_value=np.float64(-np.inf))
+    # empty everything
+    for shape, dim, offs in (((0, 4), 0, [0]), ((5, 0), 0, [1]), ((0, 3, 4), 1, [0, 0]),
+                             ((2, 0, 4), 1, [1, 0]), ((2, 3, 0), 0, [1]), ((3, 0, 2, 4), 0, [2])):
+        s = random_values(rng, shape, np.float32)
+        for cb in (True, False):
+            for ix in (idx, np.zeros((0,), np.int64)):
+                got = both(jax_ext.gather, s, offs, dim, ix, check_bounds=cb, pad_value=7.0)
+                assert_bits_equal(got, ref_gather(s, offs, dim, ix, check_bounds=cb,
+                                                  pad_value=7.0))
+    # a huge alignment: a clean error (too big to allocate or to describe), never a crash
+    for ab in (2 ** 40, 2 ** 62, 2 ** 70):
+        try:
+            jax.block_until_ready(jax_ext.gather(src, [0], 0, idx, align_bytes=ab))
+        except (ValueError, RuntimeErr, MemoryError, TypeError, OverflowError) as e:
+            print(f"align_bytes={ab}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+
+
+@child
+def select_hostile_values():
+    rng = np.random.default_rng(3)
+    # 0-d everything, zero-size dims everywhere, every dtype, through every front-end
+    for dt in ALL_DTYPES:
+        for shape in ((), (0,), (3, 0), (0, 1, 2), (1, 1, 1, 1, 1), (2, 1, 0, 3)):
+            c = rng.integers(0, 2, shape).astype(bool)
+            x, y = random_values(rng, shape, dt), random_values(rng, shape, dt)
+            for fn in (jax_ext.where, jax_ext.where3,
+                       lambda c, x, y: jax_ext.select(c, x, y, auto_broadcast="none")):
+                got = both(fn, c, x, y)
+                from helpers import np_select
+                assert_bits_equal(got, np_select(c, x, y, shape))
+    # a 0-d condition against big broadcasts, and empty results from broadcasting
+    x = random_values(rng, (1, 7), np.float64)
+    assert both(jax_ext.where, np.bool_(True), x, np.float64(np.nan)).shape == (1, 7)
+    assert both(jax_ext.where, np.zeros((0, 1), bool), x, x).shape == (0, 7)
+    assert both(jax_ext.select, np.ones((7,), bool), np.zeros((5, 0, 7), np.int8),
+                np.int8(3)).shape == (5, 0, 7)
+
+
+@child
+def ffi_select_malicious():
+    c = jnp.array([True, False, True, False, True, False])
+    x = jnp.arange(6, dtype=jnp.float32)
+    y = -jnp.arange(6, dtype=jnp.float32)
+    ok = dict(shape=[6], cond_strides=[1], x_strides=[1], y_strides=[1])
+    np.testing.assert_array_equal(ffi_select(c, x, y, (6,), jnp.float32, **ok),
+                                  [0, -1, 2, -3, 4, -5])
+    np.testing.assert_array_equal(  # a valid 2-d view with broadcast cond
+        ffi_select(c[:3], x, y, (6,), jnp.float32, shape=[2, 3], cond_strides=[0, 1],
+                   x_strides=[3, 1], y_strides=[3, 1]), [0, -1, 2, 3, -4, 5])
+    bad = [
+        (dict(ok, x_strides=[2]), "read past the end of x"),
+        (dict(ok, y_strides=[1 << 62]), "read past the end of y"),
+        (dict(ok, shape=[2, 3], cond_strides=[4, 1], x_strides=[3, 1], y_strides=[3, 1]),
+         "read past the end of cond"),
+        (dict(ok, shape=[3, 2], cond_strides=[I64_MAX, 1], x_strides=[2, 1],
+              y_strides=[2, 1]), "read past the end of cond"),
+        (dict(ok, cond_strides=[-1]), "negative stride"),
+        (dict(ok, x_strides=[-1 << 62]), "negative stride"),
+        (dict(ok, y_strides=[1, 1]), "wrong rank"),
+        (dict(ok, x_strides=[]), "wrong rank"),
+        (dict(ok, shape=[7]), "does not match"),
+        (dict(ok, shape=[3]), "does not match"),
+        (dict(ok, shape=[-6]), "bad shape"),
+        (dict(ok, shape=[-2, -3], cond_strides=[1, 1], x_strides=[1, 1], y_strides=[1, 1]),
+         "bad shape"),
+        (dict(ok, shape=[1 << 62, 4], cond_strides=[0, 0], x_strides=[0, 0],
+              y_strides=[0, 0]), "bad shape"),
+        (dict(shape=[], cond_strides=[], x_strides=[], y_strides=[]), "rank 0"),
+        (dict(shape=[1] * 65, cond_strides=[0] * 65, x_strides=[0] * 65, y_strides=[0] * 65),
+         "rank 65"),
+    ]
+    for attrs, msg in bad:
+        expect_runtime_error(msg, ffi_select, c, x, y, (6,), jnp.float32, **attrs)
+    expect_runtime_error("cond must be bool", ffi_select, c.astype(jnp.int8), x, y, (6,),
+                         jnp.float32, **ok)
+    expect_runtime_error("differ in dtype", ffi_select, c, x, y.astype(jnp.int32), (6,),
+                         jnp.float32, **ok)
+    expect_runtime_error("differ in dtype", ffi_select, c, x, y, (6,), jnp.float64, **ok)
+    # sub-byte types are packed: element_count elements are not element_count bytes
+    for dt in SUB_BYTE:
+        expect_runtime_error("sub-byte", ffi_select, c, x.astype(dt), y.astype(dt), (6,), dt,
+                             **ok)
+
+
+@child
+def ffi_gather_malicious():
+    rng = np.random.default_rng(4)
+    src = jnp.asarray(random_values(rng, (4, 5), np.float32))
+    off = jnp.array([0], jnp.int64)
+    idx = jnp.array([0, 3, 1], jnp.int32)
+    num = jnp.array(3, jnp.int64)
+    pad = jnp.array(0, jnp.float32)
+    ok = dict(src_shape=[4, 5], dim=0, row_len=5, n=3, check_bounds=True, batch_shape=[1],
+              src_bstrides=[0], offsets_bstrides=[0], index_bstrides=[0], num_bstrides=[0],
+              pad_bstrides=[0])
+    args = (src, off, idx, num, pad)
+    got = ffi_gather(*args, out=((3, 5), jnp.float32), **ok)
+    np.testing.assert_array_equal(got, np.asarray(src)[[0, 3, 1]])
+    out = ((3, 5), jnp.float32)
+    bad = [
+        (dict(ok, src_shape=[8, 5]), out, "src: batch strides"),
+        (dict(ok, src_shape=[4, 5 + (1 << 40)]), out, "src"),
+        (dict(ok, src_shape=[1 << 40, 1 << 40]), out, "overflows 64 bits"),
+        (dict(ok, src_shape=[20]), out, "src rank 1"),
+        (dict(ok, src_shape=[-4, -5]), out, "bad src shape"),
+        (dict(ok, dim=1), out, "dim 1 outside"),
+        (dict(ok, dim=-1), out, "dim -1 outside"),
+        (dict(ok, dim=I64_MIN), out, "outside"),
+        (dict(ok, row_len=4), out, "row_len 4 is shorter"),
+        (dict(ok, row_len=1 << 62), out, "elements, expected"),
+        (dict(ok, n=5), ((5, 5), jnp.float32), "index: batch strides"),
+        (dict(ok, n=-1), out, "negative n"),
+        (dict(ok, n=I64_MAX), out, "index"),
+        (dict(ok, batch_shape=[]), out, "batch rank 0"),
+        (dict(ok, batch_shape=[-1]), out, "bad batch shape"),
+        (dict(ok, batch_shape=[2], src_bstrides=[20]), ((2, 3, 5), jnp.float32),
+         "src: batch strides"),
+        (dict(ok, batch_shape=[2], offsets_bstrides=[1]), ((2, 3, 5), jnp.float32),
+         "offsets: batch strides"),
+        (dict(ok, batch_shape=[2], pad_bstrides=[I64_MAX]), ((2, 3, 5), jnp.float32),
+         "pad_value"),
+        (dict(ok, src_bstrides=[-1]), out, "negative batch stride for src"),
+        (dict(ok, num_bstrides=[0, 0]), out, "num_indices batch strides"),
+        (dict(ok, batch_shape=[2]), out, "elements, expected"),
+        (dict(ok, batch_shape=[1 << 40, 1 << 40]), out, "bad batch shape"),
+    ]
+    for attrs, o, msg in bad:
+        expect_runtime_error(msg, ffi_gather, *args, out=o, **attrs)
+    # inner * row_len past int64 (src (4, 2, 5), dim 0: two sub-rows per row)
+    src3 = jnp.zeros((4, 2, 5), jnp.float32)
+    expect_runtime_error("elements, expected", ffi_gather, src3, off, idx, num, pad,
+                         out=((3, 2, 5), jnp.float32),
+                         **dict(ok, src_shape=[4, 2, 5], row_len=1 << 62))
+    expect_runtime_error("differ in dtype", ffi_gather, src, off, idx, num,
+                         pad.astype(jnp.float64), out=out, **ok)
+    expect_runtime_error("differ in dtype", ffi_gather, *args, out=((3, 5), jnp.int32), **ok)
+    expect_runtime_error("", ffi_gather, src, off.astype(jnp.float32), idx, num, pad, out=out,
+                         **ok)
+    expect_runtime_error("integer dtype", ffi_gather, src, off, idx.astype(jnp.float32), num,
+                         pad, out=out, **ok)
+    expect_runtime_error("integer dtype", ffi_gather, src, off, idx.astype(jnp.int4), num,
+                         pad, out=out, **ok)
+    for dt in SUB_BYTE:
+        expect_runtime_error("sub-byte", ffi_gather, src.astype(dt), off, idx, num,
+                             pad.astype(dt), out=((3, 5), dt), **ok)
+    # wild indices without bounds checks: clamped, never read outside src
+    wild = jnp.array([I64_MAX, I64_MIN, -1, 4, 2 ** 40], jnp.int64)
+    for o in ([I64_MAX], [I64_MIN], [2]):
+        got = ffi_gather(src, jnp.array(o, jnp.int64), wild, jnp.array(5, jnp.int64), pad,
+                         out=((5, 5), jnp.float32), **dict(ok, n=5, check_bounds=False))
+        want = ref_gather(np.asarray(src), o, 0, np.asarray(wild), check_bounds=False,
+                          align_bytes=None)
+        assert_bits_equal(got, want)
+    # an absurd but zero-size src: (2**40, 2**40, 0) rows of nothing, pad columns only
+    got = ffi_gather(jnp.zeros((0,), jnp.float32), jnp.array([2 ** 40 - 1, 5], jnp.int64),
+                     jnp.array([0, 1], jnp.int32), jnp.array(2, jnp.int64), pad,
+                     out=((2, 0, 1), jnp.float32),
+                     **dict(ok, src_shape=[1 << 40, 1 << 40, 0, 0], dim=1, row_len=1, n=2))
+    assert got.shape == (2, 0, 1)
+    got = ffi_gather(jnp.zeros((0,), jnp.float32), jnp.array([2 ** 40 - 1, 5], jnp.int64),
+                     jnp.array([0, 1], jnp.int32), jnp.array(2, jnp.int64), pad + 3,
+                     out=((2, 1), jnp.float32),
+                     **dict(ok, src_shape=[1 << 40, 1 << 40, 0], dim=1, row_len=1, n=2,
+                            check_bounds=False))
+    np.testing.assert_array_equal(got, [[3], [3]])
+
+
+@child
+def ffi_scatter_malicious():
+    ct = jnp.arange(15, dtype=jnp.float32).reshape(3, 5)
+    off = jnp.array([0], jnp.int64)
+    idx = jnp.array([0, 3, 0], jnp.int32)
+    num = jnp.array(3, jnp.int64)
+    ok = dict(src_shape=[4, 5], dim=0, row_len=5, n=3, check_bounds=True, batch_shape=[1],
+              out_bstrides=[0], offsets_bstrides=[0], index_bstrides=[0], num_bstrides=[0])
+    out = ((4, 5), jnp.float32)
+    got = ffi_scatter(ct, off, idx, num, out=out, **ok)
+    want = np.zeros((4, 5), np.float32)
+    np.add.at(want, [0, 3, 0], np.asarray(ct))
+    np.testing.assert_array_equal(got, want)
+    bad = [
+        (dict(ok, src_shape=[8, 5]), out, "result: batch strides"),
+        (dict(ok, src_shape=[1 << 40, 1 << 40]), out, "overflows"),
+        (dict(ok, dim=1), out, "dim 1 outside"),
+        (dict(ok, row_len=3), out, "row_len 3 is shorter"),
+        (dict(ok, row_len=6), out, "the cotangent has 15 elements"),
+        (dict(ok, row_len=1 << 62), out, "the cotangent has"),
+        (dict(ok, n=4), out, "index: batch strides"),
+        (dict(ok, n=-7), out, "negative n"),
+        (dict(ok, batch_shape=[2], out_bstrides=[20], offsets_bstrides=[0],
+              index_bstrides=[0], num_bstrides=[0]), out, "result: batch strides"),
+        (dict(ok, batch_shape=[2], out_bstrides=[0], offsets_bstrides=[0],
+              index_bstrides=[3], num_bstrides=[0]), out, "index: batch strides"),
+        (dict(ok, out_bstrides=[-20]), out, "negative batch stride"),
+        (dict(ok, index_bstrides=[]), out, "do not match the batch rank"),
+    ]
+    for attrs, o, msg in bad:
+        expect_runtime_error(msg, ffi_scatter, ct, off, idx, num, out=o, **attrs)
+    # inner * row_len past int64 (src (4, 2, 5), dim 0)
+    expect_runtime_error("the cotangent has", ffi_scatter, ct, off, idx, num,
+                         out=((4, 2, 5), jnp.float32),
+                         **dict(ok, src_shape=[4, 2, 5], row_len=1 << 62))
+    expect_runtime_error("differ in dtype", ffi_scatter, ct, off, idx, num,
+                         out=((4, 5), jnp.float64), **ok)
+    for dt in (jnp.bool_, ml_dtypes.float8_e4m3fn, jnp.int4):
+        expect_runtime_error("", ffi_scatter, ct.astype(dt), off, idx, num, out=((4, 5), dt),
+                             **ok)
+    # wild indices, no bounds checks: clamped into the output, never outside it
+    wild = jnp.array([I64_MAX, I64_MIN, -1], jnp.int64)
+    got = ffi_scatter(ct, jnp.array([I64_MIN], jnp.int64), wild, num, out=out,
+                      **dict(ok, check_bounds=False))
+    assert np.isfinite(np.asarray(got)).all()
+
+
+# --- direct FFI calls -----------------------------------------------------------------
+
+def _attrs(kw):
+    out = {}
+    for k, v in kw.items():
+        if isinstance(v, bool):
+            out[k] = np.bool_(v)
+        elif isinstance(v, int):
+            out[k] = np.int64(v)
+        else:
+            out[k] = np.asarray(v, np.int64).reshape(-1)
+    return out
+
+
+def ffi_select(c, x, y, out_shape, dtype, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_select_v1", jax.ShapeDtypeStruct(out_shape, dtype))
+    return np.asarray(jax.block_until_ready(f(c, x, y, **_attrs(attrs))))
+
+
+def ffi_gather(*args, out, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_gather_v1", jax.ShapeDtypeStruct(*out))
+    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+
+
+def ffi_scatter(*args, out, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_scatter_add_v1", jax.ShapeDtypeStruct(*out))
+    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+
+
+def expect_runtime_error(msg, fn, *args, **kw):
+    print(f"  expect {msg!r}", file=sys.stderr, flush=True)
+    try:
+        fn(*args, **kw)
+    except RuntimeErr as e:
+        assert msg in str(e), f"expected {msg!r} in: {e}"
+        return
+    raise AssertionError(f"no error for {kw} (expected {msg!r})")
+
+
+@pytest.mark.parametrize("name", sorted(CHILD))
+def test_in_child_process(name):
+    assert jax_ext.native_available()
+    run_child(name)
+
+
+def _segfault():
+    import ctypes
+    ctypes.string_at(0)
+
+
+def test_child_runner_reports_a_crash(monkeypatch):
+    """The runner itself: a child that segfaults is a failure that says so."""
+    # Under the sanitizers: let the signal kill the child, not ASan's SEGV report.
+    monkeypatch.setenv("ASAN_OPTIONS", "handle_segv=0:detect_leaks=0")
+    with pytest.raises(AssertionError, match="killed by signal 11"):
+        run_child("_segfault")
+
+
+@pytest.mark.parametrize("impl", ["native", "lax"])
+def test_sub_byte_dtypes_through_the_public_api(impl):
+    """int4/uint4/int2 values and int4 indices: packed in XLA buffers, so they take the
+    lax path, with correct results (the native handlers refuse them; see above)."""
+    c = np.array([True, False, True, False, True])
+    with jax_ext.implementation(impl):
+        for dt in SUB_BYTE:
+            if np.dtype(dt).kind not in "iu":
+                continue
+            x, y = np.arange(5).astype(dt), np.array([1, 0, 1, 0, 1]).astype(dt)
+            want = np.where(c, np.arange(5), [1, 0, 1, 0, 1])
+            for got in (jax_ext.where(c, x, y), jax_ext.select(c[:, None], x[:, None], y),
+                        jax_ext.where3(c, x, y)):
+                assert got.dtype == np.dtype(dt)
+                np.testing.assert_array_equal(np.asarray(got).astype(np.int64).reshape(-1)[:5],
+                                              want)
+        src = np.arange(12, dtype=np.float32).reshape(3, 4)
+        got = jax_ext.gather(src, [0], 0, np.array([0, 2, 5, -1], jnp.int4), align_bytes=None)
+        np.testing.assert_array_equal(got, [src[0], src[2], np.zeros(4), np.zeros(4)])
+        g = jax.grad(lambda s: jax_ext.gather(s, [0], 0, np.array([0, 2, 2], jnp.int4)).sum())(src)
+        np.testing.assert_array_equal(g, [[1] * 4, [0] * 4, [2] * 4])
+        s4 = np.arange(-4, 4).reshape(4, 2).astype(jnp.int4)
+        got = jax_ext.gather(s4, [1], 0, np.array([0, 2, 7], np.int32), align_bytes=None,
+                             pad_value=3)
+        np.testing.assert_array_equal(np.asarray(got).astype(int), [[-2, -1], [2, 3], [3, 3]])
