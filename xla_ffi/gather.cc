@@ -362,6 +362,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
       const T* pp = static_cast<const T*>(pad.untyped_data());
       T* o = static_cast<T*>(out->untyped_data());
+      AdviseHugePages(o, out->size_bytes());
       const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
       const int64_t row_src = inner * last;
       const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
@@ -614,6 +615,7 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
     });
     if (err.failure()) return err;
   }
+  AdviseHugePages(out->untyped_data(), out->size_bytes());
   switch (dt) {
     case ffi::DataType::F32:
       return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),

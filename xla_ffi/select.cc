@@ -222,6 +222,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     }
   }
 
+  if (!in_place) AdviseHugePages(out->untyped_data(), out->size_bytes());
   const size_t width = ffi::ByteWidth(out->element_type());
   return DispatchWidth(width, [&](auto tag) -> ffi::Error {
     using T = decltype(tag);
