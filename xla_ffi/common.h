@@ -1,8 +1,10 @@
 // Pieces shared by the kernels: element-width dispatch and argument checks.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -11,6 +13,9 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
 #endif
 
 namespace jax_ext {
@@ -76,17 +81,58 @@ inline std::string ShapeString(ffi::Span<const int64_t> s) {
   return r + (s.size() == 1 ? ",)" : ")");
 }
 
+// Results at least this large do not fit in the last-level cache: rows are written with
+// non-temporal stores, which skip reading each destination line before overwriting it.
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+
+// Copies `bytes` with non-temporal stores where the target allows.
+inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+}
+
+inline void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
+#endif
+}
+
 // A fresh result buffer of many MiB is mapped by the kernel one 4 KiB page fault at a
 // time on first write, and those faults cost more than the copy itself. Asking for
-// transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. Only
-// a hint about memory we are about to overwrite anyway; failure is ignored.
+// transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. A
+// buffer the allocator is reusing (its first page already resident) is left alone:
+// there the hint only adds compaction work. Failure is ignored.
 inline void AdviseHugePages(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   if (bytes < kHuge) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(data);
   const uintptr_t b = (p + kHuge - 1) & ~(kHuge - 1), e = (p + bytes) & ~(kHuge - 1);
-  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+  if (e <= b) return;
+  unsigned char resident = 0;
+  if (mincore(reinterpret_cast<void*>(b), 4096, &resident) == 0 && (resident & 1)) return;
+  madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
 #else
   (void)data;
   (void)bytes;

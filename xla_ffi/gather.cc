@@ -28,10 +28,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "common.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,43 +38,6 @@ namespace {
 constexpr int kMaxRank = 64;
 constexpr int kMaxBatchRank = 64;
 constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
-
-// Results at least this large do not fit in the last-level cache: rows are written with
-// non-temporal stores, which skip reading each destination line before overwriting it.
-constexpr int64_t kStreamBytes = int64_t{16} << 20;
-
-// Copies `bytes` with non-temporal stores where the target allows.
-inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
-#if defined(__SSE2__)
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, static_cast<size_t>(head));
-  int64_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  for (; i + 16 <= bytes; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
-#else
-  std::memcpy(dst, src, static_cast<size_t>(bytes));
-#endif
-}
-
-inline void StreamFence() {
-#if defined(__SSE2__)
-  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
-#endif
-}
 
 inline void PrefetchBytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -371,7 +330,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
       const int64_t row_bytes = row_src * int64_t(sizeof(T));
       // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
-      const int64_t ahead = std::clamp<int64_t>(1024 / std::max<int64_t>(1, row_bytes), 2, 64);
+      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
       DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
         int64_t b = begin / nn, i = begin - b * nn, k = 0;
         RowBase rb{};

@@ -8,10 +8,6 @@
 #include <cstring>
 #include <string>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "common.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -21,33 +17,7 @@ namespace {
 
 constexpr int kMaxRank = 64;
 constexpr int64_t kMinChunkBytes = int64_t{1} << 18;  // per-thread work worth a task
-// Results at least this large do not fit in the last-level cache: write them with
-// streaming stores, which skip reading each destination line before overwriting it.
-constexpr int64_t kStreamBytes = int64_t{16} << 20;
 constexpr int64_t kTileBytes = 4096;  // blend into an L1-resident tile, then stream it out
-
-// Copies `bytes` from src to dst with non-temporal stores where the target allows.
-inline void StreamCopy(void* dst, const void* src, int64_t bytes) {
-#if defined(__SSE2__)
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, static_cast<size_t>(head));
-  int64_t i = head;
-  for (; i + 16 <= bytes; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
-#else
-  std::memcpy(dst, src, static_cast<size_t>(bytes));
-#endif
-}
-
-inline void StreamFence() {
-#if defined(__SSE2__)
-  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
-#endif
-}
 
 // One output row of length n. CS/XS/YS: the inner stride as a compile-time 0 or 1
 // (vectorizable), or -1 for a runtime stride.
@@ -254,7 +224,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
           for (int64_t i = 0; i < n; i += kTile) {
             const int64_t m = std::min(kTile, n - i);
             fn(m, c + co + i * cs, cs, xp + xo + i * xs, xs, yp + yo + i * ys, ys, tile);
-            StreamCopy(op + oo + i, tile, m * int64_t(sizeof(T)));
+            StreamBytes(op + oo + i, tile, m * int64_t(sizeof(T)));
           }
         });
         if (stream) StreamFence();
