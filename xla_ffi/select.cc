@@ -221,6 +221,10 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
             fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
             return;
           }
+          if (cs == 0 && (c[co] ? xs : ys) == 1) {  // a whole row from one side: no tile
+            StreamBytes(op + oo, c[co] ? xp + xo : yp + yo, n * int64_t(sizeof(T)));
+            return;
+          }
           for (int64_t i = 0; i < n; i += kTile) {
             const int64_t m = std::min(kTile, n - i);
             fn(m, c + co + i * cs, cs, xp + xo + i * xs, xs, yp + yo + i * ys, ys, tile);
