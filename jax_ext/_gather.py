@@ -104,6 +104,17 @@ def _row_len(last: int, itemsize: int, align_bytes) -> int:
     return -(-nbytes // align_bytes) * align_bytes // itemsize
 
 
+def _array(v, what: str, fn: str):
+    """jnp.asarray(v), or a TypeError saying `what` (strings are never arrays here:
+    jnp.asarray(b"\\x00") would be an array of True; None raises ValueError in jnp)."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{fn}: {what}, got {type(v).__name__}")
+    try:
+        return jnp.asarray(v)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{fn}: {what}, got {type(v).__name__}: {e}") from None
+
+
 def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad_value=None,
            align_bytes=32):
     """Ascend ``asctile.gather``: rows of ``src`` picked by ``index`` along ``dim``.
@@ -148,12 +159,7 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
       ``num_indices`` get none.
     """
     fn = "gather"
-    if isinstance(src, (str, bytes)):  # jnp.asarray(b"\x00") is an array of True
-        raise TypeError(f"{fn}: src must be an array, got {type(src).__name__}")
-    try:
-        src = jnp.asarray(src)
-    except (TypeError, ValueError) as e:  # ValueError: None
-        raise TypeError(f"{fn}: src must be an array, got {type(src).__name__}: {e}")
+    src = _array(src, "src must be an array", fn)
     # dim
     d = _static_int(dim)
     if d is None:
@@ -194,12 +200,7 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
             offs.append(_to_carrier(a))
     offsets_arr = jnp.stack(offs)
     # index
-    if isinstance(index, (str, bytes)):  # jnp.asarray(b"\x00") is an array of True
-        raise TypeError(f"{fn}: index must be an integer array, got {type(index).__name__}")
-    try:
-        index = jnp.asarray(index)
-    except (TypeError, ValueError) as e:  # ValueError: None
-        raise TypeError(f"{fn}: index must be an integer array, got {type(index).__name__}: {e}")
+    index = _array(index, "index must be an integer array", fn)
     if index.ndim != 1:
         raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
                          f"({index.dtype})")

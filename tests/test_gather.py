@@ -12,6 +12,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jax_ext
+from helpers import random_values
 
 IMPLS = ["native", "lax"]
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
@@ -87,14 +88,6 @@ def assert_bits(got, want):
     if not np.array_equal(g, w):
         bad = np.nonzero(g != w)[0][:8]
         raise AssertionError(f"bytes differ at {bad.tolist()}:\n got {got}\n want {want}")
-
-
-def random_values(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    raw = rng.integers(0, 256, size=tuple(shape) + (dtype.itemsize,), dtype=np.uint8)
-    return raw.view(dtype).reshape(shape)
 
 
 def both(fn, *args, **kw):
