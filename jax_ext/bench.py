@@ -173,24 +173,33 @@ def _plot(rows, path):
     except ImportError:
         print("matplotlib not installed (pip install '.[bench]'): no plot")
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 0.9 + 0.32 * max(8, len(rows))),
+                                 gridspec_kw=dict(width_ratios=[1, 1.3]))
+    # Left: throughput against size for the f32 select sweep, both implementations.
     f32 = [r for r in rows if r["name"].startswith("select f32 2^")]
     if f32:
         xs = [r["elements"] for r in f32]
         ax.plot(xs, [r["bytes"] / r["ours_s"] / 1e9 for r in f32], "o-", label="jax_ext.select")
         ax.plot(xs, [r["bytes"] / r["ref_s"] / 1e9 for r in f32], "s--",
                 label="jax.jit(jnp.where)")
-    others = [r for r in rows if r not in f32]
-    for r in others:
-        ax.scatter([r["elements"]], [r["gbps"]], marker="^")
-        ax.annotate(r["name"].replace("select ", ""), (r["elements"], r["gbps"]), fontsize=6)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("result elements")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    ax.set_xlabel("result elements (float32)")
     ax.set_ylabel("GB/s (bytes read + written / median time)")
-    ax.set_title("jax_ext vs jnp built-ins (CPU)")
-    ax.legend()
+    ax.set_title("select throughput against size")
+    # Right: the speed ratio of every case (> 1: jax_ext is faster).
+    names = [r["name"] for r in rows][::-1]
+    ratios = [r["ratio"] for r in rows][::-1]
+    bx.barh(names, ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
+    bx.axvline(1.0, color="k", lw=0.8)
+    bx.set_xscale("log", base=2)
+    bx.set_xlabel("reference time / jax_ext time (log scale)")
+    bx.set_title("speed-up over the jnp built-in, per case")
+    bx.tick_params(axis="y", labelsize=7)
+    for y, v in enumerate(ratios):
+        bx.annotate(f"{v:.2f}x", (v, y), xytext=(3, -3), textcoords="offset points", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 
 
