@@ -327,62 +327,75 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
       const int64_t min_chunk =
           std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
-      const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
       const int64_t row_bytes = row_src * int64_t(sizeof(T));
       // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
       const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
-      DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
-        int64_t b = begin / nn, i = begin - b * nn, k = 0;
-        RowBase rb{};
-        const T* s = nullptr;
-        const I* ix = nullptr;
-        T pv{};
-        auto load = [&]() {
-          s = sp + BatchOffset(g, sst, b);
-          ix = ip + BatchOffset(g, ist, b);
-          rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
-          k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, nn) : 0;
-          pv = pp[BatchOffset(g, pst, b)];
-        };
-        load();
-        // Warm up the prefetch window of this block.
-        for (int64_t j = i; j < std::min(k, i + ahead); ++j) {
-          int64_t rp;
-          if (RowOf(rb, ix[j], check_bounds, &rp))
-            PrefetchBytes(s + (rb.base + rp) * row_src, row_bytes);
-        }
-        T* orow = o + begin * row_out;
-        for (int64_t u = begin; u < end; ++u, ++i, orow += row_out) {
-          if (i == nn) {
+      const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
+      // The row loop, specialized on the row size in bytes when the rows are short and
+      // unpadded (RB > 0: the copy is a few inline vector moves), generic otherwise.
+      auto run = [&](auto rbtag) {
+        constexpr int64_t RB = decltype(rbtag)::value;
+        DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
+          // Source row pointers (nullptr: pad) are computed `ahead` rows before they are
+          // copied, and their lines prefetched then.
+          constexpr int64_t kRing = 128;
+          const T* ring[kRing];
+          int64_t u = begin, b = begin / nn, i = begin - b * nn;
+          while (u < end) {
+            const T* s = sp + BatchOffset(g, sst, b);
+            const I* ix = ip + BatchOffset(g, ist, b);
+            const RowBase rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
+            const int64_t k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, nn) : 0;
+            const T pv = pp[BatchOffset(g, pst, b)];
+            const int64_t i_end = std::min(nn, i + (end - u));  // rows of b in this block
+            const int64_t i_real = std::max(i, std::min(k, i_end));
+            T* orow = o + u * row_out;
+            auto stage = [&](int64_t j) {
+              int64_t r;
+              const T* q = RowOf(rb, ix[j], check_bounds, &r) ? s + (rb.base + r) * row_src
+                                                               : nullptr;
+              ring[j & (kRing - 1)] = q;
+              if (q) PrefetchBytes(q, RB > 0 ? RB : row_bytes);
+            };
+            int64_t pf = i;
+            for (; pf < std::min(i_real, i + ahead); ++pf) stage(pf);
+            for (int64_t j = i; j < i_real; ++j, orow += row_out) {
+              if (pf < i_real) stage(pf++);
+              const T* srow = ring[j & (kRing - 1)];
+              if (!srow) {
+                std::fill_n(orow, row_out, pv);
+              } else if constexpr (RB > 0) {
+                if (stream)
+                  StreamBytes(orow, srow, RB);
+                else
+                  std::memcpy(orow, srow, RB);
+              } else if (L == last) {
+                if (stream)
+                  StreamBytes(orow, srow, row_bytes);
+                else
+                  std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
+              } else {
+                for (int64_t j2 = 0; j2 < inner; ++j2) {
+                  std::memcpy(orow + j2 * L, srow + j2 * last, last_bytes);
+                  std::fill_n(orow + j2 * L + last, L - last, pv);
+                }
+              }
+            }
+            std::fill_n(orow, (i_end - i_real) * row_out, pv);  // rows past num_indices
+            u += i_end - i;
             ++b;
             i = 0;
-            load();
           }
-          int64_t r = 0;
-          if (i >= k || !RowOf(rb, ix[i], check_bounds, &r)) {
-            std::fill_n(orow, row_out, pv);
-            continue;
-          }
-          if (i + ahead < k) {
-            int64_t rp;
-            if (RowOf(rb, ix[i + ahead], check_bounds, &rp))
-              PrefetchBytes(s + (rb.base + rp) * row_src, row_bytes);
-          }
-          const T* srow = s + (rb.base + r) * row_src;
-          if (L == last) {
-            if (stream)
-              StreamBytes(orow, srow, row_bytes);
-            else
-              std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
-          } else {
-            for (int64_t j = 0; j < inner; ++j) {
-              std::memcpy(orow + j * L, srow + j * last, last_bytes);
-              std::fill_n(orow + j * L + last, L - last, pv);
-            }
-          }
-        }
-        if (stream) StreamFence();
-      });
+          if (stream) StreamFence();
+        });
+      };
+      using std::integral_constant;
+      if (L == last && row_bytes == 32) run(integral_constant<int64_t, 32>{});
+      else if (L == last && row_bytes == 64) run(integral_constant<int64_t, 64>{});
+      else if (L == last && row_bytes == 128) run(integral_constant<int64_t, 128>{});
+      else if (L == last && row_bytes == 256) run(integral_constant<int64_t, 256>{});
+      else if (L == last && row_bytes == 512) run(integral_constant<int64_t, 512>{});
+      else run(integral_constant<int64_t, 0>{});
       return ffi::Error::Success();
     });
   });
