@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ namespace {
 constexpr int kMaxRank = 64;
 constexpr int kMaxBatchRank = 64;
 constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
+constexpr int64_t kFirst = int64_t{1} << 62;  // scatter target flag: the row's first contribution
 
 inline void PrefetchBytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -436,7 +438,7 @@ enum class Conv { kNone, kF16, kBF16 };
 template <typename Acc, Conv C>
 ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data,
                       void* out_data, int64_t out_elems, int scale, const int64_t* targets,
-                      int64_t total_rows) {
+                      const uint64_t* seen, int64_t total_rows) {
   using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
   const int64_t E = g.inner * g.last * scale;     // Acc values per src row
   const int64_t L = g.row_len * scale;            // Acc values per padded ct sub-row
@@ -444,34 +446,72 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   const int64_t row_ct = g.inner * L;             // Acc values per ct row
   const int64_t out_n = out_elems * scale;        // Acc values in the output
   const Stored* ct = static_cast<const Stored*>(ct_data);
-  std::vector<Acc> scratch;
+  // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
+  // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
+  // rows no contribution reaches (clear in `seen`) are zeroed.
+  std::unique_ptr<Acc[]> scratch;
   Acc* acc;
   if constexpr (C == Conv::kNone) {
     acc = static_cast<Acc*>(out_data);
-    ParallelFor(pool, out_n, std::max<int64_t>(1, kMinChunkBytes / int64_t(sizeof(Acc))),
-                [&](int64_t b, int64_t e) {
-                  std::memset(acc + b, 0, static_cast<size_t>(e - b) * sizeof(Acc));
-                });
   } else {
-    scratch.assign(static_cast<size_t>(out_n), Acc{0});
-    acc = scratch.data();
+    scratch.reset(new Acc[static_cast<size_t>(out_n)]);
+    acc = scratch.get();
+  }
+  {
+    const int64_t out_rows = E > 0 ? out_n / E : 0;
+    ParallelFor(pool, out_rows, std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
+                [&](int64_t rb, int64_t re) {
+                  for (int64_t t = rb; t < re;) {
+                    if (seen[t >> 6] >> (t & 63) & 1) {
+                      ++t;
+                      continue;
+                    }
+                    int64_t z = t + 1;
+                    while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
+                      if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
+                        z += 64;
+                      else
+                        ++z;
+                    }
+                    std::memset(acc + t * E, 0, static_cast<size_t>((z - t) * E) * sizeof(Acc));
+                    t = z;
+                  }
+                });
+    if (out_rows * E < out_n)
+      std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
   }
   auto load = [](Stored v) -> Acc {
     if constexpr (C == Conv::kF16) return F16ToF32(v);
     else if constexpr (C == Conv::kBF16) return Bf16ToF32(v);
     else return v;
   };
-  // Adds columns [c0, c1) of ct row u into output row t.
-  auto add = [&](int64_t u, int64_t t, int64_t c0, int64_t c1) {
+  // Adds columns [c0, c1) of ct row u into output row t (stores them into a zero when
+  // this is the row's first contribution).
+  auto add_cols = [&](auto first, const Stored* __restrict cr, Acc* __restrict arow, int64_t a,
+                      int64_t z) {
+    if constexpr (decltype(first)::value) {
+      for (int64_t c = a; c < z; ++c) arow[c] = static_cast<Acc>(Acc{0} + load(cr[c]));
+    } else {
+      for (int64_t c = a; c < z; ++c) arow[c] += load(cr[c]);
+    }
+  };
+  auto add = [&](int64_t u, int64_t tt, int64_t c0, int64_t c1) {
+    const bool first = (tt & kFirst) != 0;
+    const int64_t t = tt & ~kFirst;
     const Stored* crow = ct + u * row_ct;
     Acc* arow = acc + t * E;
+    auto go = [&](const Stored* cr, int64_t a, int64_t z) {
+      if (first)
+        add_cols(std::true_type{}, cr, arow, a, z);
+      else
+        add_cols(std::false_type{}, cr, arow, a, z);
+    };
     if (L == last) {
-      for (int64_t c = c0; c < c1; ++c) arow[c] += load(crow[c]);
+      go(crow, c0, c1);
     } else {
       for (int64_t j = c0 / last; j * last < c1; ++j) {
         const int64_t a = std::max(c0, j * last), z = std::min(c1, (j + 1) * last);
-        const Stored* cr = crow + j * L - j * last;
-        for (int64_t c = a; c < z; ++c) arow[c] += load(cr[c]);
+        go(crow + j * L - j * last, a, z);
       }
     }
   };
@@ -490,7 +530,8 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
         const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
         for (int64_t u = 0; u < total_rows; ++u) {
           if (u + ahead < total_rows && targets[u + ahead] >= 0) {
-            const char* p = reinterpret_cast<const char*>(acc + targets[u + ahead] * E + c0);
+            const char* p =
+                reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
             for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
           }
           if (targets[u] >= 0) add(u, targets[u], c0, c1);
@@ -504,8 +545,8 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
                                                         : std::max<int64_t>(1, out_rows);
     ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
       for (int64_t u = 0; u < total_rows; ++u) {
-        const int64_t t = targets[u];
-        if (t >= rb && t < re) add(u, t, 0, E);
+        const int64_t t = targets[u] & ~kFirst;
+        if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
       }
     });
   }
@@ -566,6 +607,9 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
 
   // Output row (in units of row_src elements) each ct row adds into, -1 when dropped.
   std::vector<int64_t> targets(static_cast<size_t>(total_rows), -1);
+  // Output rows some ct row adds into; kFirst marks the first (in ct order) of each.
+  const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
+  std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
   if (row_src > 0) {
     ffi::Error err = DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
       using I = decltype(itag);
@@ -580,7 +624,13 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
         const int64_t ob = BatchOffset(g, xst, b) / row_src;  // src_size is a multiple
         for (int64_t i = 0; i < k; ++i) {
           int64_t r;
-          if (RowOf(rb, ix[i], check_bounds, &r)) targets[b * g.n + i] = ob + rb.base + r;
+          if (RowOf(rb, ix[i], check_bounds, &r)) {
+            const int64_t t = ob + rb.base + r;
+            uint64_t& w = seen[static_cast<size_t>(t >> 6)];
+            const uint64_t bit = uint64_t{1} << (t & 63);
+            targets[b * g.n + i] = (w & bit) ? t : (t | kFirst);
+            w |= bit;
+          }
         }
       }
       return ffi::Error::Success();
@@ -591,38 +641,38 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   switch (dt) {
     case ffi::DataType::F32:
       return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 1, targets.data(), total_rows);
+                                            out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::C64:
       return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 2, targets.data(), total_rows);
+                                            out_elems, 2, targets.data(), seen.data(), total_rows);
     case ffi::DataType::F64:
       return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                             out_elems, 1, targets.data(), total_rows);
+                                             out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::C128:
       return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                             out_elems, 2, targets.data(), total_rows);
+                                             out_elems, 2, targets.data(), seen.data(), total_rows);
     case ffi::DataType::F16:
       return ScatterRun<float, Conv::kF16>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                           out_elems, 1, targets.data(), total_rows);
+                                           out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::BF16:
       return ScatterRun<float, Conv::kBF16>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 1, targets.data(), total_rows);
+                                            out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::S8:
     case ffi::DataType::U8:
       return ScatterRun<uint8_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                              out_elems, 1, targets.data(), total_rows);
+                                              out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::S16:
     case ffi::DataType::U16:
       return ScatterRun<uint16_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), total_rows);
+                                               out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::S32:
     case ffi::DataType::U32:
       return ScatterRun<uint32_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), total_rows);
+                                               out_elems, 1, targets.data(), seen.data(), total_rows);
     case ffi::DataType::S64:
     case ffi::DataType::U64:
       return ScatterRun<uint64_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), total_rows);
+                                               out_elems, 1, targets.data(), seen.data(), total_rows);
     default:
       return ffi::Error::InvalidArgument(Msg(op, "unsupported dtype (float, complex or integer)"));
   }
