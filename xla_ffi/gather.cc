@@ -406,6 +406,23 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
 // ---------------------------------------------------------------------------------------
 // scatter-add
 
+// Zeroes `bytes`, with non-temporal stores when `stream`.
+inline void ZeroBytes(void* dst, int64_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+    std::memset(d, 0, static_cast<size_t>(head));
+    int64_t i = head;
+    const __m128i z = _mm_setzero_si128();
+    for (; i + 16 <= bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), z);
+    std::memset(d + i, 0, static_cast<size_t>(bytes - i));
+    return;
+  }
+#endif
+  std::memset(dst, 0, static_cast<size_t>(bytes));
+}
+
 inline float Bf16ToF32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -449,6 +466,14 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
   // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
   // rows no contribution reaches (clear in `seen`) are zeroed.
+  // The output does not stay in cache: first contributions and zeroed rows are written
+  // with non-temporal stores (no read of the line before it is overwritten).
+  const bool stream = C == Conv::kNone && out_n * int64_t(sizeof(Acc)) >= kStreamBytes;
+#if defined(__SSE2__)
+  const bool nt_first = stream && std::is_same_v<Acc, float>;
+#else
+  const bool nt_first = false;
+#endif
   std::unique_ptr<Acc[]> scratch;
   Acc* acc;
   if constexpr (C == Conv::kNone) {
@@ -473,9 +498,10 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
                       else
                         ++z;
                     }
-                    std::memset(acc + t * E, 0, static_cast<size_t>((z - t) * E) * sizeof(Acc));
+                    ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
                     t = z;
                   }
+                  if (stream) StreamFence();
                 });
     if (out_rows * E < out_n)
       std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
@@ -490,6 +516,18 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   auto add_cols = [&](auto first, const Stored* __restrict cr, Acc* __restrict arow, int64_t a,
                       int64_t z) {
     if constexpr (decltype(first)::value) {
+#if defined(__SSE2__)
+      if constexpr (C == Conv::kNone && std::is_same_v<Acc, float>) {
+        if (stream) {
+          // Written without reading the line first; a later add reads it back.
+          for (; a < z && reinterpret_cast<uintptr_t>(arow + a) % 16 != 0; ++a)
+            arow[a] = 0.0f + cr[a];
+          const __m128 zero = _mm_setzero_ps();
+          for (; a + 4 <= z; a += 4)
+            _mm_stream_ps(arow + a, _mm_add_ps(zero, _mm_loadu_ps(cr + a)));
+        }
+      }
+#endif
       for (int64_t c = a; c < z; ++c) arow[c] = static_cast<Acc>(Acc{0} + load(cr[c]));
     } else {
       for (int64_t c = a; c < z; ++c) arow[c] += load(cr[c]);
@@ -529,7 +567,9 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
         const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
         const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
         for (int64_t u = 0; u < total_rows; ++u) {
-          if (u + ahead < total_rows && targets[u + ahead] >= 0) {
+          // (A first contribution streamed in needs no read of the line.)
+          if (u + ahead < total_rows && targets[u + ahead] >= 0 &&
+              !(nt_first && (targets[u + ahead] & kFirst))) {
             const char* p =
                 reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
             for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
@@ -537,6 +577,7 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
           if (targets[u] >= 0) add(u, targets[u], c0, c1);
         }
       }
+      if (stream) StreamFence();
     });
   } else {
     // Short rows: each task owns a range of output rows and scans every target.
@@ -548,6 +589,7 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
         const int64_t t = targets[u] & ~kFirst;
         if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
       }
+      if (stream) StreamFence();
     });
   }
   if constexpr (C != Conv::kNone) {
