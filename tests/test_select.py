@@ -400,8 +400,8 @@ def test_donated_but_broadcast_then_is_not_aliased():
 
 
 @pytest.mark.parametrize("cshape", [(4099, 1), (4099, 1027), (1, 1027)])
-def test_streaming_store_path_unaligned_rows(cshape):
-    # > 16 MiB of result: written with streaming stores, rows not 16-byte aligned.
+def test_large_result_unaligned_rows(cshape):
+    # > 16 MiB of result (huge-page hint, threads), rows not 16-byte aligned.
     rng = np.random.default_rng(11)
     c = rng.integers(0, 2, cshape).astype(bool)
     x = random_values(rng, (4099, 1027), np.float32)

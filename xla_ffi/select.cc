@@ -17,7 +17,6 @@ namespace {
 
 constexpr int kMaxRank = 64;
 constexpr int64_t kMinChunkBytes = int64_t{1} << 18;  // per-thread work worth a task
-constexpr int64_t kTileBytes = 4096;  // blend into an L1-resident tile, then stream it out
 
 // One output row of length n. CS/XS/YS: the inner stride as a compile-time 0 or 1
 // (vectorizable), or -1 for a runtime stride.
@@ -212,26 +211,10 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
       });
     } else {
       const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
-      const bool stream = total * int64_t(sizeof(T)) >= kStreamBytes;
-      constexpr int64_t kTile = kTileBytes / int64_t(sizeof(T));
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
-        alignas(64) T tile[kTile];
         ForEachRow(g, b, e, [&](int64_t n, int64_t co, int64_t xo, int64_t yo, int64_t oo) {
-          if (!stream || n < 64) {
-            fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
-            return;
-          }
-          if (cs == 0 && (c[co] ? xs : ys) == 1) {  // a whole row from one side: no tile
-            StreamBytes(op + oo, c[co] ? xp + xo : yp + yo, n * int64_t(sizeof(T)));
-            return;
-          }
-          for (int64_t i = 0; i < n; i += kTile) {
-            const int64_t m = std::min(kTile, n - i);
-            fn(m, c + co + i * cs, cs, xp + xo + i * xs, xs, yp + yo + i * ys, ys, tile);
-            StreamBytes(op + oo + i, tile, m * int64_t(sizeof(T)));
-          }
+          fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
         });
-        if (stream) StreamFence();
       });
     }
     return ffi::Error::Success();
