@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -680,41 +681,29 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
     if (err.failure()) return err;
   }
   AdviseHugePages(out->untyped_data(), out->size_bytes());
+  // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
+  // as unsigned of their width (two's complement wraps alike), complex as float lanes.
+  auto run = [&](auto acc, auto conv, int64_t lanes) {
+    return ScatterRun<decltype(acc), decltype(conv)::value>(
+        pool, g, ct.untyped_data(), out->untyped_data(), out_elems, lanes, targets.data(),
+        seen.data(), total_rows);
+  };
+  using Plain = std::integral_constant<Conv, Conv::kNone>;
   switch (dt) {
-    case ffi::DataType::F32:
-      return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 1, targets.data(), seen.data(), total_rows);
-    case ffi::DataType::C64:
-      return ScatterRun<float, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 2, targets.data(), seen.data(), total_rows);
-    case ffi::DataType::F64:
-      return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                             out_elems, 1, targets.data(), seen.data(), total_rows);
-    case ffi::DataType::C128:
-      return ScatterRun<double, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                             out_elems, 2, targets.data(), seen.data(), total_rows);
-    case ffi::DataType::F16:
-      return ScatterRun<float, Conv::kF16>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                           out_elems, 1, targets.data(), seen.data(), total_rows);
-    case ffi::DataType::BF16:
-      return ScatterRun<float, Conv::kBF16>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                            out_elems, 1, targets.data(), seen.data(), total_rows);
+    case ffi::DataType::F32: return run(float{}, Plain{}, 1);
+    case ffi::DataType::C64: return run(float{}, Plain{}, 2);
+    case ffi::DataType::F64: return run(double{}, Plain{}, 1);
+    case ffi::DataType::C128: return run(double{}, Plain{}, 2);
+    case ffi::DataType::F16: return run(float{}, std::integral_constant<Conv, Conv::kF16>{}, 1);
+    case ffi::DataType::BF16: return run(float{}, std::integral_constant<Conv, Conv::kBF16>{}, 1);
     case ffi::DataType::S8:
-    case ffi::DataType::U8:
-      return ScatterRun<uint8_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                              out_elems, 1, targets.data(), seen.data(), total_rows);
+    case ffi::DataType::U8: return run(uint8_t{}, Plain{}, 1);
     case ffi::DataType::S16:
-    case ffi::DataType::U16:
-      return ScatterRun<uint16_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), seen.data(), total_rows);
+    case ffi::DataType::U16: return run(uint16_t{}, Plain{}, 1);
     case ffi::DataType::S32:
-    case ffi::DataType::U32:
-      return ScatterRun<uint32_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), seen.data(), total_rows);
+    case ffi::DataType::U32: return run(uint32_t{}, Plain{}, 1);
     case ffi::DataType::S64:
-    case ffi::DataType::U64:
-      return ScatterRun<uint64_t, Conv::kNone>(pool, g, ct.untyped_data(), out->untyped_data(),
-                                               out_elems, 1, targets.data(), seen.data(), total_rows);
+    case ffi::DataType::U64: return run(uint64_t{}, Plain{}, 1);
     default:
       return ffi::Error::InvalidArgument(Msg(op, "unsupported dtype (float, complex or integer)"));
   }
