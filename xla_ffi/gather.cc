@@ -266,6 +266,31 @@ inline bool RowOf(const RowBase& rb, I idx, bool check, int64_t* r) {
 // ---------------------------------------------------------------------------------------
 // gather
 
+// The operands gather and scatter-add share: offsets, index and num_indices, each with
+// its batch strides checked against its buffer.
+ffi::Error CheckIndexOperands(const char* op, const Geometry& g, const ffi::AnyBuffer& offsets,
+                              const ffi::AnyBuffer& index, const ffi::AnyBuffer& num,
+                              ffi::Span<const int64_t> offsets_bstrides,
+                              ffi::Span<const int64_t> index_bstrides,
+                              ffi::Span<const int64_t> num_bstrides,
+                              std::array<int64_t, kMaxBatchRank>& ost,
+                              std::array<int64_t, kMaxBatchRank>& ist,
+                              std::array<int64_t, kMaxBatchRank>& nst) {
+  if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
+    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
+  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
+                            offsets.element_count(), ost);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
+      e.failure())
+    return e;
+  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
+      e.failure())
+    return e;
+  return ffi::Error::Success();
+}
+
 ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
                       ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
                       ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> src_shape,
@@ -283,20 +308,12 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
     return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
   if (IsSubByte(dt))
     return ffi::Error::InvalidArgument(Msg(op, "sub-byte dtypes are not supported"));
-  if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
-    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
   std::array<int64_t, kMaxBatchRank> sst{}, ost{}, ist{}, nst{}, pst{};
   if (auto e = CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst);
       e.failure())
     return e;
-  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
-                            offsets.element_count(), ost);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
+  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
+                                  num_bstrides, ost, ist, nst);
       e.failure())
     return e;
   if (auto e = CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst);
@@ -618,17 +635,9 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   const ffi::DataType dt = out->element_type();
   if (ct.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
-  if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
-    return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
   std::array<int64_t, kMaxBatchRank> xst{}, ost{}, ist{}, nst{};
-  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
-                            offsets.element_count(), ost);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
+  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
+                                  num_bstrides, ost, ist, nst);
       e.failure())
     return e;
   if (auto e = CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst);
