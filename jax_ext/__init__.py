@@ -8,9 +8,10 @@ from ._config import implementation
 from ._native import native_available, TARGETS as _TARGETS
 from ._select import select, where, where3
 from ._gather import gather
+from ._auto import explain, Decision
 
 __all__ = ["select", "where", "where3", "gather", "native_available", "implementation",
-           "export_checks"]
+           "explain", "Decision", "export_checks"]
 
 
 def export_checks():

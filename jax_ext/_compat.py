@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 
@@ -60,6 +61,25 @@ def register_lowering(prim, rule, *, platform, cacheable: bool):
         mlir.register_lowering(prim, rule, platform=platform, cacheable=cacheable)
     except TypeError:  # a jax without the `cacheable` switch
         mlir.register_lowering(prim, rule, platform=platform)
+
+
+def enclosing_equations(limit: int = 64) -> list:
+    """(jaxpr, eqn, env) for every jaxpr jax is lowering on this thread right now, innermost
+    first: jax lowers a jaxpr one equation at a time in ``mlir.jaxpr_subcomp``, and the
+    frames of those calls hold them (env: jaxpr variable -> MLIR value). [] when this jax lowers some other way (then
+    implementation "auto" treats consumers as unknown)."""
+    code = getattr(getattr(mlir, "jaxpr_subcomp", None), "__code__", None)
+    out: list = []
+    f = sys._getframe(1)
+    while code is not None and f is not None and len(out) < limit:
+        if f.f_code is code:
+            loc = f.f_locals
+            j, e, env = loc.get("jaxpr"), loc.get("eqn"), loc.get("env")
+            if j is None or e is None or not isinstance(env, dict):
+                return []
+            out.append((j, e, env))
+        f = f.f_back
+    return out
 
 
 def impl_state(default: str = "auto"):

@@ -12,8 +12,10 @@ def implementation(name: str):
     """Context manager choosing how jax_ext primitives bound inside it are lowered.
 
     "native": the C++ FFI handlers on CPU (other platforms always use lax);
-    "lax": ``lax.select_n`` / ``lax.gather`` everywhere; "auto" (default): native where
-    the compiled module loaded. The choice is recorded on each primitive when it is
+    "lax": ``lax.select_n`` / ``lax.gather`` everywhere; "auto" (default): per call site,
+    native only where the kernel wins in the program around it (operands already in
+    memory, a result nothing would fuse, enough work), lax elsewhere; see
+    ``jax_ext.explain``. The choice is recorded on each primitive when it is
     bound and is part of the jit cache key, so a function traced under one setting is
     retraced under another. The default comes from ``JAX_EXT_IMPL``.
     """
@@ -23,8 +25,6 @@ def implementation(name: str):
 
 
 def current() -> str:
-    """The implementation a primitive bound now gets: "native" or "lax"."""
-    v = _state.value
-    if v == "lax" or not native_available():
-        return "lax"
-    return "native"
+    """The implementation a primitive bound now records: "auto", "native" or "lax". What
+    runs is settled when it is lowered (see _auto.py); without the native module, lax."""
+    return _state.value

@@ -24,6 +24,7 @@ dims, 1 where several batch elements accumulate into one result).
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat, _config, _lowering
+from . import _auto as _auto_mod, _compat, _config, _lowering
 
 Zero = _compat.Zero
 
@@ -389,44 +390,40 @@ def _pad_mask(valid, last, row_len, mid):
     return ~v | col
 
 
-def _byte_safe(dtype) -> bool:
-    return _lowering.native_dtype_ok(dtype)  # sub-byte types cannot be viewed as bytes
-
-
 # --- lax implementations --------------------------------------------------------------
 
 def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
+    """take (clip) of the flattened rows, pad rows selected in, pad columns added with
+    lax.pad: ops XLA fuses with their producers and consumers, as for jnp.take. Exact:
+    XLA's gather moves every dtype as is; select and pad see _lowering.exact_view."""
     bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
     sb, sshape = src.shape[:nbatch], src.shape[nbatch:]
     n = index.shape[-1]
     mid = tuple(sshape[dim + 1:-1])
     last = sshape[-1]
-    inner = int(np.prod(mid, dtype=np.int64))
-    rows = int(np.prod(sshape[:dim + 1], dtype=np.int64))
+    inner, rows = math.prod(mid), math.prod(sshape[:dim + 1])
     valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
-    valid = jnp.broadcast_to(valid, bshape + (n,))
-    bytes_ok = _byte_safe(src.dtype)
-    sbytes = _lowering.to_bytes(src) if bytes_ok else src
-    pbytes = _lowering.to_bytes(pad) if bytes_ok else pad
-    tail = sbytes.shape[src.ndim:]  # (itemsize,) or ()
-    out_rows_shape = bshape + (n, inner, last) + tail
-    total_src_rows = int(np.prod(sb, dtype=np.int64)) * rows
-    if total_src_rows > 0 and src.size > 0:
-        flat = sbytes.reshape((total_src_rows, inner, last) + tail)
-        ids = _batch_lin(sb, bshape)[..., None] * rows + row
-        g = jnp.take(flat, ids.reshape(-1), axis=0, mode="clip")
-        g = g.reshape(out_rows_shape)
+    sv, pv = _lowering.exact_view(src), _lowering.exact_view(pad)
+    row_shape = mid + (last,)
+    shape = bshape + (n,) + row_shape
+    ones = (1,) * len(row_shape)
+    total_src_rows = math.prod(sb) * rows
+    if _lowering.definitely_zero(total_src_rows * inner * last):
+        g = jnp.zeros(shape, sv.dtype)  # nothing to read: every row is a pad row
     else:
-        g = jnp.zeros(out_rows_shape, sbytes.dtype)
-    pb = pbytes.reshape(pad.shape + (1, 1, 1) + tail)
-    if row_len > last:
-        cols = jnp.broadcast_to(pb, bshape + (n, inner, row_len - last) + tail)
-        g = jnp.concatenate([g, cols], axis=nbatch + 2)
-    full = bshape + (n, inner, row_len) + tail
-    v = valid.reshape(bshape + (n, 1, 1) + (1,) * len(tail))
-    out = lax.select_n(jnp.broadcast_to(v, full), jnp.broadcast_to(pb, full), g)
-    out = out.reshape(bshape + (n,) + mid + (row_len,) + tail)
-    return _lowering.from_bytes(out, src.dtype) if bytes_ok else out
+        flat = sv.reshape((total_src_rows,) + row_shape)
+        ids = _batch_lin(sb, bshape)[..., None] * rows + row
+        g = jnp.take(flat, ids.reshape(-1), axis=0, mode="clip").reshape(shape)
+    v = jnp.broadcast_to(valid.reshape(valid.shape + ones), shape)
+    pb = pv.reshape(pad.shape + (1,) + ones)
+    g = lax.select_n(v, jnp.broadcast_to(pb, shape), g)
+    if row_len != last:
+        extra = row_len - last
+        if pad.size == 1:
+            g = lax.pad(g, pv.reshape(()), [(0, 0, 0)] * (g.ndim - 1) + [(0, extra, 0)])
+        else:  # a batched pad value: one column block per batch element
+            g = jnp.concatenate([g, jnp.broadcast_to(pb, shape[:-1] + (extra,))], axis=-1)
+    return _lowering.from_view(g, src.dtype)
 
 
 def _acc_dtype(dt):
@@ -609,9 +606,34 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     return in_specs, o, local
 
 
-_lowering.register(gather_p, _gather_lax, _gather_native,
+# implementation "auto" (see _auto.py): below these byte counts XLA's own gather and scatter
+# are as fast as the kernels (measured with `python -m jax_ext.bench`).
+AUTO_MIN_BYTES = 1 << 16
+AUTO_SCATTER_MIN_BYTES = 1 << 14
+
+
+def _gather_auto(ctx, *args, **params):
+    out = ctx.avals_out[0]
+    out_bytes = out.size * out.dtype.itemsize
+    if out_bytes < AUTO_MIN_BYTES:
+        return False, f"{out_bytes} result bytes: too little work"
+    return _auto_mod.operands_and_result(
+        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args, out_bytes)
+
+
+def _scatter_auto(ctx, *args, **params):
+    # XLA's scatter is a serial loop that neither fuses nor is fused away, so the kernel
+    # wins wherever there is enough work, whatever produces the cotangent.
+    ct = ctx.avals_in[0]
+    ct_bytes = ct.size * ct.dtype.itemsize
+    if ct_bytes < AUTO_SCATTER_MIN_BYTES:
+        return False, f"{ct_bytes} cotangent bytes: too little work"
+    return True, "XLA's scatter does not fuse either"
+
+
+_lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
                    spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
-_lowering.register(scatter_add_p, _scatter_lax, _scatter_native,
+_lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, _scatter_auto,
                    spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _compat
+from . import _auto, _compat
 from ._native import native_available
 
 mlir = _compat.mlir
@@ -127,16 +127,17 @@ def _partitioned(ctx, mesh_shape, raw, spmd, args, params):
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
-def register(prim, lax_impl, native_rule, *, inspects_operands: bool = False,
+def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: bool = False,
              spmd: Spmd | None = None):
-    """Lowerings for `prim`: `lax_impl` (a jax function of the operands and params) on
-    every platform; on CPU `native_rule(ctx, *args, **params)` when the primitive was
-    bound with impl="native" and returns non-None, else the lax path.
+    """Lowerings for `prim` (`op` names it in jax_ext.explain): `lax_impl` (a jax function
+    of the operands and params) on every platform; on CPU `native_rule(ctx, *args,
+    **params)` where the primitive was bound with impl="native", or with impl="auto" and
+    ``auto(ctx, *args, **params) -> (use_native, reason)`` says so; the lax path where
+    either declines (native_rule returns None for what the kernels do not handle).
+    Decided per call site, so never a cached lowering.
 
     `inspects_operands`: the native rule is also passed ``donated=`` (a bool per operand:
-    is it an argument of the jitted function that the caller donated?), which the rule
-    cannot see from its own operands when it is lowered inside a partitioned or cached
-    function; the lowering is then inlined rather than cached.
+    is it an argument of the jitted function that the caller donated?).
 
     `spmd`: how the native call partitions. With it, a lowering for more than one device
     wraps the call in custom_partitioning (see `Spmd`); on one device, inside shard_map,
@@ -146,16 +147,29 @@ def register(prim, lax_impl, native_rule, *, inspects_operands: bool = False,
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
         if inspects_operands else {})
 
+    def choose(ctx, args, params):
+        requested = params.get("impl")
+        if requested == "lax":
+            return False, "requested"
+        if not native_available():
+            return False, "native module not loaded"
+        if requested == "native":
+            return True, "requested"
+        return auto(ctx, *args, **params)
+
     def cpu_rule(ctx, *args, **params):
-        if params.get("impl") == "native" and native_available():
+        use, why = choose(ctx, args, params)
+        out = None
+        if use:
             mesh_shape = _compat.spmd_mesh_shape(ctx) if raw is not None else None
             if mesh_shape is not None:
-                return _partitioned(ctx, mesh_shape, raw, spmd, args,
-                                    params | extra(ctx, args))
-            out = native_rule(ctx, *args, **params, **extra(ctx, args))
-            if out is not None:
-                return out
-        return lax_rule(ctx, *args, **params)
+                out = _partitioned(ctx, mesh_shape, raw, spmd, args, params | extra(ctx, args))
+            else:
+                out = native_rule(ctx, *args, **params, **extra(ctx, args))
+            if out is None:
+                why = "dtype not handled natively"
+        _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
+        return out if out is not None else lax_rule(ctx, *args, **params)
 
     raw = None
     if spmd is not None and _compat.require_devices_during_lowering(prim):
@@ -175,7 +189,15 @@ def register(prim, lax_impl, native_rule, *, inspects_operands: bool = False,
         _compat.register_lowering(raw, raw_cpu_rule, platform="cpu", cacheable=False)
 
     mlir.register_lowering(prim, lax_rule)
-    _compat.register_lowering(prim, cpu_rule, platform="cpu", cacheable=not inspects_operands)
+    _compat.register_lowering(prim, cpu_rule, platform="cpu", cacheable=False)
+
+
+def definitely_zero(d) -> bool:
+    """d == 0 for an int or a symbolic dimension (False when it cannot be decided)."""
+    try:
+        return bool(d == 0)
+    except Exception:
+        return False
 
 
 def dense_strides(shape: Sequence[int]) -> list[int]:
@@ -207,36 +229,23 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 
 
 # --- bit-exact lax glue -------------------------------------------------------------
-# XLA:CPU may rewrite NaN payloads or flush denormals of 16-bit floats moving through
-# select/broadcast/gather, even behind a same-width integer bitcast that fusion undoes.
-# The lax paths therefore move every value as unsigned bytes: uint8[..., itemsize].
+# XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
+# them to float32 and back, which rewrites NaN payloads and quiets signalling NaNs. Every
+# other dtype moves bit for bit (both findings pinned by tests/test_lax_exact.py). The lax
+# paths view those few as unsigned integers of the same width: XLA moves integers as they
+# are and still fuses the bitcasts with the ops around them, so the lax path stays exact
+# and fuses like the jnp code it replaces. Gather (take) moves every dtype exactly.
+XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
 
-def to_bytes(x):
-    """x -> uint8 array of shape x.shape + (itemsize,) (no extra dim for 1-byte types;
-    bool stays bool). Complex values become their real and imaginary bytes."""
+
+def exact_view(x):
+    """`x`, or its bits as a same-width unsigned integer where XLA:CPU would rewrite them."""
     dt = np.dtype(x.dtype)
-    if dt == np.bool_ or not native_dtype_ok(dt):
-        return x  # sub-byte types have no byte view; integers and float4 keep their bits
-    if jnp.issubdtype(dt, jnp.complexfloating):
-        parts = [lax.bitcast_convert_type(p, jnp.uint8) for p in (lax.real(x), lax.imag(x))]
-        return jnp.concatenate(parts, axis=-1)
-    return lax.bitcast_convert_type(x, jnp.uint8)
+    if dt.name not in XLA_INEXACT:
+        return x
+    return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
 
 
-def from_bytes(b, dtype):
-    dt = np.dtype(dtype)
-    if dt == np.bool_ or not native_dtype_ok(dt):
-        return b
-    if jnp.issubdtype(dt, jnp.complexfloating):
-        half = dt.itemsize // 2
-        part_dt = np.float32 if half == 4 else np.float64
-        re = lax.bitcast_convert_type(b[..., :half], part_dt)
-        im = lax.bitcast_convert_type(b[..., half:], part_dt)
-        return lax.complex(re, im)
-    return lax.bitcast_convert_type(b, dt)
-
-
-def extra_byte_dims(dtype) -> int:
-    """How many trailing dims to_bytes adds (0 or 1)."""
-    dt = np.dtype(dtype)
-    return 0 if dt == np.bool_ or dt.itemsize == 1 or not native_dtype_ok(dt) else 1
+def from_view(v, dtype):
+    """Inverse of exact_view for values of `dtype`."""
+    return v if v.dtype == np.dtype(dtype) else lax.bitcast_convert_type(v, dtype)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat, _config, _lowering
+from . import _auto as _auto_mod, _compat, _config, _lowering
 
 Zero = _compat.Zero
 
@@ -241,24 +241,24 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,)
                               cond_strides=cs, x_strides=xs, y_strides=ys)
 
 
-def _expand(a, d, out_shape, trailing):
-    """broadcast_in_dim of `a` (dims mapped by `d`, then any trailing byte dims) onto
-    out_shape + trailing; broadcast_in_dim wants its dimensions sorted."""
+def _expand(a, d, out_shape):
+    """broadcast_in_dim of `a` (its dims mapped by `d`) onto out_shape, as jnp.where does;
+    broadcast_in_dim wants its dimensions sorted."""
     order = sorted(range(len(d)), key=lambda j: d[j])
-    a = lax.transpose(a, order + list(range(len(d), a.ndim)))
-    r = len(out_shape)
-    bdims = tuple(d[j] for j in order) + tuple(range(r, r + a.ndim - len(d)))
-    return lax.broadcast_in_dim(a, tuple(out_shape) + tuple(trailing), bdims)
+    if order != list(range(len(d))):
+        a = lax.transpose(a, order)
+    if a.shape == tuple(out_shape):
+        return a
+    return lax.broadcast_in_dim(a, tuple(out_shape), tuple(d[j] for j in order))
 
 
 def _lax_impl(cond, x, y, *, out_shape, dims, impl):
-    """broadcast_in_dim + select_n on the bytes of the values (bit-exact)."""
-    xb, yb = _lowering.to_bytes(x), _lowering.to_bytes(y)
-    trailing = xb.shape[x.ndim:]
-    out = lax.select_n(_expand(cond, dims[0], out_shape, trailing),
-                       _expand(yb, dims[2], out_shape, trailing),
-                       _expand(xb, dims[1], out_shape, trailing))
-    return _lowering.from_bytes(out, x.dtype)
+    """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it;
+    bit-exact through _lowering.exact_view."""
+    xv, yv = _lowering.exact_view(x), _lowering.exact_view(y)
+    out = lax.select_n(_expand(cond, dims[0], out_shape), _expand(yv, dims[2], out_shape),
+                       _expand(xv, dims[1], out_shape))
+    return _lowering.from_view(out, x.dtype)
 
 
 def _spmd_rule(avals_in, aval_out, *, out_shape, dims, **_):
@@ -283,8 +283,22 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
     return in_specs, o, local
 
 
-_lowering.register(select_p, _lax_impl, _native_lowering, inspects_operands=True,
-                   spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
+# implementation "auto" (see _auto.py): below this many result bytes XLA's own loop is as
+# fast as the kernel (measured with `python -m jax_ext.bench`, README "Where native wins").
+AUTO_MIN_BYTES = 1 << 16
+
+
+def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
+    out = ctx.avals_out[0]
+    out_bytes = out.size * out.dtype.itemsize
+    if out_bytes < AUTO_MIN_BYTES:
+        return False, f"{out_bytes} result bytes: too little work"
+    return _auto_mod.operands_and_result(select_p, ctx, ("cond", "x", "y"), (cond, x, y),
+                                         out_bytes)
+
+
+_lowering.register(select_p, "select", _lax_impl, _native_lowering, _auto,
+                   inspects_operands=True, spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
 
 
 def _zero_scalar(dtype):

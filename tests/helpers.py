@@ -69,5 +69,12 @@ def np_select(cond, x, y, shape):
 
 
 def hlo(fn, *args):
+    """StableHLO text of jit(fn). Under the default "auto" it lowers with "native": these
+    tests check the native lowering's structure (auto's own choices: tests/test_auto.py)."""
     import jax
+    import jax_ext
+    from jax_ext import _config
+    if _config.current() == "auto":
+        with jax_ext.implementation("native"):
+            return jax.jit(fn).lower(*args).as_text()
     return jax.jit(fn).lower(*args).as_text()

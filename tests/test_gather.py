@@ -12,7 +12,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jax_ext
-from helpers import random_values
+from helpers import hlo, random_values
 
 IMPLS = ["native", "lax"]
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
@@ -107,8 +107,6 @@ def check(src, offsets, dim, index, **kw):
     return got
 
 
-def hlo(fn, *args):
-    return jax.jit(fn).lower(*args).as_text()
 
 
 # --- the seed ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def test_public_api():
 def test_env_var_sets_the_default_implementation():
     code = """
         import jax, numpy as np, jax_ext
-        c, x = np.array([True, False]), np.ones(2, np.float32)
+        c, x = np.ones(1 << 16, bool), np.ones(1 << 16, np.float32)  # enough work for auto
         print("custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())
         with jax_ext.implementation("native"):
             print("custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())

@@ -37,7 +37,7 @@ def _child(mode, outdir):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                         " --xla_force_host_platform_device_count=4").strip()
-    env.pop("JAX_EXT_IMPL", None)  # the native path is what partitions
+    env["JAX_EXT_IMPL"] = "native"  # the native path is what partitions
     # Run from the tests dir: the installed jax_ext, not the source tree, is imported.
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_checks.py"), mode,
                            str(outdir)], env=env, cwd=HERE, capture_output=True, text=True,

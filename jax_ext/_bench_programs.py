@@ -1,0 +1,208 @@
+"""Whole jitted programs for the benchmark: each written twice, identical but for the
+jax_ext call (ours) vs jnp.where / jnp.take (theirs), so the ratio shows what a user's
+program feels -- the op among the ops around it -- not a standalone call.
+
+Each case is a dict like the standalone ones (bench.py); ``exact`` is False because XLA
+may round the ops around the select/gather differently once their fusions differ, so the
+two programs are compared with a tolerance there.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import jax_ext
+
+
+def _case(name, ours, theirs, make_args, *, nbytes=0, elements=0, dtype="float32"):
+    def make():
+        args = make_args(np.random.default_rng(0))
+        return jax.jit(ours), jax.jit(theirs), tuple(jnp.asarray(a) for a in args)
+    return dict(name=name, op="program", dtype=dtype, elements=elements, bytes=nbytes,
+                make=make, chain=False, exact=False, ours_fn=ours)
+
+
+def _vec(n, dtype=np.float32):
+    return lambda rng: (rng.standard_normal(n).astype(np.float32).astype(dtype),
+                        rng.standard_normal(n).astype(np.float32).astype(dtype))
+
+
+def _chains(quick):
+    big = 1 << (20 if quick else 22)
+    tag = "2^20" if quick else "2^22"
+    W = jax_ext.where
+    out = []
+    for k in ([20] if quick else [20, 22]):
+        out.append(_case(f"prog where(x>0, x*2, y+1) f32 2^{k}",
+                         lambda x, y: W(x > 0, x * 2, y + 1),
+                         lambda x, y: jnp.where(x > 0, x * 2, y + 1), _vec(1 << k)))
+    out.append(_case(f"prog sum(where(x>0, x, y)) f32 {tag}",
+                     lambda x, y: jnp.sum(W(x > 0, x, y)),
+                     lambda x, y: jnp.sum(jnp.where(x > 0, x, y)), _vec(big)))
+
+    def g(w):
+        return jax.grad(lambda x, y: jnp.sum(w(x > 0, x * x, y)), argnums=(0, 1))
+    out.append(_case(f"prog grad sum(where(x>0, x*x, y)) f32 {tag}", g(W), g(jnp.where),
+                     _vec(big)))
+    import ml_dtypes
+    out.append(_case(f"prog where(x>0, x*2, y+1) bf16 {tag}",
+                     lambda x, y: W(x > 0, x * 2, y + 1),
+                     lambda x, y: jnp.where(x > 0, x * 2, y + 1), _vec(big, ml_dtypes.bfloat16),
+                     dtype="bfloat16"))
+
+    def clip(w):
+        return lambda g, t: w(jnp.abs(g) > t, jnp.sign(g) * t, g)
+    out.append(_case(f"prog clip where(|g|>t, sign(g)*t, g) f32 {tag}", clip(W), clip(jnp.where),
+                     lambda rng: (rng.standard_normal(big).astype(np.float32), np.float32(1.0))))
+
+    def nll(w):  # the double-where trick that keeps log's gradient finite
+        def f(x):
+            safe = w(x > 0, x, 1.0)
+            return -jnp.sum(w(x > 0, jnp.log(safe), 0.0))
+        return jax.grad(f)
+    n20 = 1 << 20
+    out.append(_case("prog grad NaN-safe log-likelihood f32 2^20", nll(W), nll(jnp.where),
+                     lambda rng: (rng.standard_normal(n20).astype(np.float32),)))
+    return out
+
+
+def _attention(quick):
+    B, S, D = (4, 256, 64) if quick else (8, 512, 64)
+    W = jax_ext.where
+
+    def attn(w, causal):
+        def f(q, k, v, pad):
+            s = jnp.einsum("bqd,bkd->bqk", q, k) / np.sqrt(D).astype(np.float32)
+            if causal:
+                mask = lax.broadcasted_iota(jnp.int32, (S, S), 0) >= \
+                    lax.broadcasted_iota(jnp.int32, (S, S), 1)
+            else:
+                mask = pad[:, None, :]  # (B, 1, S): keys that are real tokens
+            s = w(mask, s, jnp.float32(-1e30))
+            return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
+        return f
+
+    def args(rng):
+        q, k, v = (rng.standard_normal((B, S, D)).astype(np.float32) for _ in range(3))
+        lens = rng.integers(S // 2, S + 1, B)
+        return q, k, v, np.arange(S)[None, :] < lens[:, None]
+
+    out = []
+    for causal, tag in ((True, "causal mask (iota)"), (False, "padding mask (argument)")):
+        out.append(_case(f"prog attention fwd {tag} {B}x{S}x{D}", attn(W, causal),
+                         attn(jnp.where, causal), args))
+
+        def bwd(w, causal=causal):
+            f = attn(w, causal)
+            return jax.grad(lambda q, k, v, pad: jnp.sum(f(q, k, v, pad) ** 2), argnums=(0, 1, 2))
+        out.append(_case(f"prog attention grad {tag} {B}x{S}x{D}", bwd(W), bwd(jnp.where), args))
+    return out
+
+
+def _take(table, idx):
+    return jnp.take(table, idx, axis=0, mode="fill", fill_value=0)
+
+
+def _gather(table, idx):
+    return jax_ext.gather(table, [0], 0, idx, align_bytes=None)
+
+
+def _gathers(quick):
+    V, D, N = (20000, 128, 4096) if quick else (50000, 128, 8192)
+    out = []
+
+    def table_args(rng):
+        return (rng.standard_normal((V, D)).astype(np.float32),
+                rng.integers(0, V, N).astype(np.int32))
+
+    def tanh_sum(g):
+        return lambda t, i: jnp.tanh(g(t, i)).sum(-1)
+    out.append(_case(f"prog tanh(gather(table, idx)).sum(-1) {V}x{D} n={N}",
+                     tanh_sum(_gather), tanh_sum(_take), table_args))
+    out.append(_case(f"prog grad tanh(gather).sum {V}x{D} n={N}",
+                     jax.grad(lambda t, i: tanh_sum(_gather)(t, i).sum()),
+                     jax.grad(lambda t, i: tanh_sum(_take)(t, i).sum()), table_args))
+
+    # Embedding bag: mean of `bag` rows per example, a dense layer, softmax cross-entropy;
+    # one SGD step on the table and the layer.
+    B, bag, C = (256, 16, 64) if quick else (512, 32, 128)
+
+    def step(g):
+        def loss(params, ids, labels):
+            table, w = params
+            e = g(table, ids.reshape(-1)).reshape(B, bag, D).mean(axis=1)
+            logits = e @ w
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+        def f(table, w, ids, labels):
+            gt, gw = jax.grad(loss)((table, w), ids, labels)
+            return table - 0.1 * gt, w - 0.1 * gw
+        return f
+
+    def bag_args(rng):
+        return (rng.standard_normal((V, D)).astype(np.float32) * 0.1,
+                rng.standard_normal((D, C)).astype(np.float32) * 0.1,
+                rng.integers(0, V, (B, bag)).astype(np.int32),
+                rng.integers(0, C, B).astype(np.int32))
+    out.append(_case(f"prog embedding-bag SGD step {V}x{D} B={B} bag={bag}", step(_gather),
+                     step(_take), bag_args))
+
+    # Top-k dispatch (mixture-of-experts routing): each token gathers the rows of its k
+    # best experts and mixes them by their gates.
+    T, E, K, H = (1024, 64, 2, 256) if quick else (4096, 64, 4, 512)
+
+    def moe(g):
+        def f(x, router, experts):
+            gates, idx = lax.top_k(jax.nn.softmax(x @ router), K)  # (T, K)
+            rows = g(experts, idx.reshape(-1)).reshape(T, K, H)
+            return jnp.einsum("tk,tkh->th", gates, rows)
+        return f
+
+    def moe_args(rng):
+        return (rng.standard_normal((T, H)).astype(np.float32),
+                rng.standard_normal((H, E)).astype(np.float32),
+                rng.standard_normal((E, H)).astype(np.float32))
+    out.append(_case(f"prog top-{K} dispatch T={T} E={E} H={H}", moe(_gather), moe(_take),
+                     moe_args))
+    return out
+
+
+def _scan(quick):
+    T, B, H = (32, 64, 256) if quick else (64, 128, 512)
+
+    def rnn(w3):
+        def f(xs, alive, wx, wh):
+            def step(h, inp):
+                x, a = inp
+                h_new = jnp.tanh(x @ wx + h @ wh)
+                return w3(a, h_new, h), None  # finished sequences keep their state
+            h, _ = lax.scan(step, jnp.zeros((B, H), xs.dtype), (xs, alive))
+            return h
+        return f
+
+    def args(rng):
+        lens = rng.integers(1, T + 1, B)
+        return (rng.standard_normal((T, B, H)).astype(np.float32),
+                np.arange(T)[:, None] < lens[None, :],
+                rng.standard_normal((H, H)).astype(np.float32) / np.sqrt(H),
+                rng.standard_normal((H, H)).astype(np.float32) / np.sqrt(H))
+
+    def jnp_rows(a, x, y):
+        return jnp.where(a[:, None], x, y)
+    return [_case(f"prog scan RNN where3 rows T={T} B={B} H={H}", rnn(jax_ext.where3),
+                  rnn(jnp_rows), args)]
+
+
+def cases(quick: bool):
+    return _chains(quick) + _attention(quick) + _gathers(quick) + _scan(quick)
+
+
+def picked(case, args) -> str:
+    """What implementation "auto" chose at each jax_ext call site of the case's program."""
+    fn = case.get("ours_fn")
+    if fn is None:
+        return ""
+    ds = jax_ext.explain(fn, *args)
+    return ", ".join(f"{d.op}:{d.impl}" for d in ds)
