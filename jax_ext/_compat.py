@@ -66,8 +66,8 @@ def register_lowering(prim, rule, *, platform, cacheable: bool):
 def enclosing_equations(limit: int = 64) -> list:
     """(jaxpr, eqn, env) for every jaxpr jax is lowering on this thread right now, innermost
     first: jax lowers a jaxpr one equation at a time in ``mlir.jaxpr_subcomp``, and the
-    frames of those calls hold them (env: jaxpr variable -> MLIR value). [] when this jax lowers some other way (then
-    implementation "auto" treats consumers as unknown)."""
+    frames of those calls hold them (env: jaxpr variable -> MLIR value). [] when this jax
+    lowers some other way (then implementation "auto" treats consumers as unknown)."""
     code = getattr(getattr(mlir, "jaxpr_subcomp", None), "__code__", None)
     out: list = []
     f = sys._getframe(1)
