@@ -50,11 +50,8 @@ def _built_against() -> str:
 
 
 def _running_with() -> str:
-    try:
-        import jaxlib
-        jaxlib_version = jaxlib.__version__
-    except Exception:  # pragma: no cover - jax imports jaxlib; only a broken install
-        jaxlib_version = "?"
+    import jaxlib
+    jaxlib_version = getattr(jaxlib, "__version__", "?")
     return (f"jax {jax.__version__}, jaxlib {jaxlib_version}, Python "
             f"{sys.version_info.major}.{sys.version_info.minor}")
 
