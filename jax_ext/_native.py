@@ -97,6 +97,13 @@ def _is_source_tree() -> bool:
             and os.path.isdir(os.path.join(parent, "xla_ffi")))
 
 
+# (`pip install -e .` does not do it: scikit-build-core's editable install puts the module
+# in site-packages, and a source folder first on sys.path still shadows it.)
+_BUILD_IN_PLACE = ("build the module into it: cmake -S . -B build/dev "
+                   "-DCMAKE_BUILD_TYPE=Release && cmake --build build/dev && "
+                   "cp build/dev/_jax_ext*.so jax_ext/ (CONTRIBUTING.md, Build)")
+
+
 def _explain_missing() -> str:
     """Cause (a): no module file this interpreter can import."""
     parts = [f"jax_ext was imported from {_PKG_DIR}, which has no compiled module "
@@ -116,10 +123,10 @@ def _explain_missing() -> str:
                      "tree). Cure: run from another directory, use the `jax-ext-bench` "
                      "command for the benchmark, or start Python with -P")
         if source:
-            parts.append("; or build this tree in place with `pip install -e .`")
+            parts.append("; to work on this tree itself, " + _BUILD_IN_PLACE)
     elif source:
         parts.append(". Cure: install the package (`pip install .`, or a wheel) and run "
-                     "from another directory, or build in place with `pip install -e .`")
+                     "from another directory; to work on this tree itself, " + _BUILD_IN_PLACE)
     else:
         parts.append(". The package is incomplete: reinstall it "
                      "(`pip install --force-reinstall jax_ext`)")
