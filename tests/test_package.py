@@ -197,3 +197,30 @@ def test_native_error_is_none_when_loaded():
         assert jax_ext.native_error() is None
     else:
         assert jax_ext.native_error()
+
+
+def test_benchmark_console_script():
+    """`jax-ext-bench` (the README's benchmark command) runs jax_ext.bench:main of the
+    installed package, also when started in the clone's root."""
+    import importlib.metadata
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    assert 'jax-ext-bench = "jax_ext.bench:main"' in (root / "pyproject.toml").read_text()
+    from jax_ext import bench
+    assert callable(bench.main)
+    try:
+        dist = importlib.metadata.distribution("jax_ext")
+        installed_here = os.path.samefile(str(dist.locate_file("jax_ext")), PKG)
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        installed_here = False
+    if not installed_here:
+        return  # testing a source tree: the script belongs to some other install
+    (ep,) = [e for e in dist.entry_points if e.name == "jax-ext-bench"]
+    assert ep.group == "console_scripts" and ep.value == "jax_ext.bench:main"
+    script = os.path.join(os.path.dirname(sys.executable), "jax-ext-bench")
+    # Started in the clone's root, whose jax_ext/ has no compiled module: importing that
+    # would warn (an error here), so success means the installed package was used.
+    r = subprocess.run([script, "--help"], cwd=root, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONWARNINGS="error::RuntimeWarning"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "usage" in r.stdout
