@@ -31,7 +31,7 @@ if JAX_VERSION[:2] > NEWEST_TESTED:
         f"{jax.__version__} is newer and may have changed the extension points jax_ext uses",
         RuntimeWarning, stacklevel=2)
 
-from jax.extend.core import Primitive  # noqa: E402
+from jax.extend.core import Primitive  # noqa: E402, F401  (re-exported)
 from jax.interpreters import ad, batching, mlir, xla  # noqa: E402
 from jax._src.lib.mlir import ir  # noqa: E402  (the MLIR bindings jax lowers with)
 

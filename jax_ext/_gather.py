@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import TYPE_CHECKING
+
 
 import numpy as np
 import jax
@@ -33,6 +35,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _auto as _auto_mod, _compat, _config, _lowering
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from jax.typing import ArrayLike
 
 Zero = _compat.Zero
 
@@ -116,8 +123,10 @@ def _array(v, what: str, fn: str):
         raise TypeError(f"{fn}: {what}, got {type(v).__name__}: {e}") from None
 
 
-def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad_value=None,
-           align_bytes=32):
+def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
+           index: ArrayLike, *, check_bounds: bool = True,
+           num_indices: ArrayLike | None = None, pad_value: ArrayLike | None = None,
+           align_bytes: int | None = 32) -> jax.Array:
     """Ascend ``asctile.gather``: rows of ``src`` picked by ``index`` along ``dim``.
 
     For ``i < n = index.shape[0]`` with ``r = offsets[dim] + index[i]``::

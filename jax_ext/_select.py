@@ -12,12 +12,19 @@ result; the primitive ``jax_ext_select`` takes
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from . import _auto as _auto_mod, _compat, _config, _lowering
+
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike
+
+    from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 
@@ -124,7 +131,8 @@ def _bind(cond, x, y, out_shape, dims):
 
 # --- public front-ends --------------------------------------------------------------
 
-def select(cond, then, else_, *, auto_broadcast: str = "numpy"):
+def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
+           auto_broadcast: AutoBroadcast = "numpy") -> jax.Array:
     """OpenVINO Select-1 / oneDNN Graph Select: ``cond ? then : else_``.
 
     ``auto_broadcast="numpy"``: ``then`` and ``else_`` broadcast to each other (numpy
@@ -161,7 +169,7 @@ def select(cond, then, else_, *, auto_broadcast: str = "numpy"):
                  [_right_aligned(a.ndim, r) for a in (cond, then, else_)])
 
 
-def where(condition, x, y):
+def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together."""
     fn = "where"
     condition = _condition(condition, "condition", fn)
@@ -171,7 +179,7 @@ def where(condition, x, y):
     return _bind(condition, x, y, out, [_right_aligned(a.ndim, r) for a in (condition, x, y)])
 
 
-def where3(condition, x, y):
+def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     """TensorFlow Where3 (legacy Select): ``x`` and ``y`` have one shape; ``condition``
     is a scalar, has that shape, or (rank >= 2) is a vector picking whole rows."""
     fn = "where3"

@@ -1,5 +1,4 @@
 """Shared test helpers: dtypes, random bit patterns, bitwise comparison."""
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -51,7 +50,8 @@ def assert_bits_equal(got, want):
     if not np.array_equal(g, w):
         bad = np.nonzero(g != w)[0][:8]
         raise AssertionError(f"bits differ at byte offsets {bad.tolist()}: "
-                             f"got {np.asarray(got).reshape(-1)[:8]} want {np.asarray(want).reshape(-1)[:8]}")
+                             f"got {np.asarray(got).reshape(-1)[:8]} "
+                             f"want {np.asarray(want).reshape(-1)[:8]}")
 
 
 def np_select(cond, x, y, shape):

@@ -16,7 +16,6 @@ import functools
 import os
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest

@@ -1,16 +1,32 @@
 """The package as a newcomer meets it: import-time behaviour, the JAX_EXT_IMPL default,
 a missing native module, the public surface."""
+import importlib.machinery
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import jax_ext
+
+PKG = os.path.dirname(os.path.abspath(jax_ext.__file__))
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+IMPL_MESSAGE = "implementation: name must be one of ('auto', 'native', 'lax'), got "
+
+
+def _child_env(**env):
+    """The environment for a child Python that imports the jax_ext this process tests
+    (the worktree's or the installed one), whatever its working directory."""
+    path = [os.path.dirname(PKG)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **env)
 
 
 def _run(code, **env):
-    e = dict(os.environ, **env)
-    # -P: never import the source tree (it has no compiled module) instead of the install.
+    e = _child_env(**env)
+    # -P: the working directory ("/") is not searched, PYTHONPATH is.
     r = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], env=e,
                        capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -58,3 +74,153 @@ def test_missing_native_module_warns_once_and_runs_on_lax():
     """)
     assert out.split("\n")[0] == ("1 False [0.0, -0.0, 2.0] True [[9, 10, 11], [0, 0, 0], "
                                   "[0, 1, 2]] False")
+
+
+@pytest.mark.parametrize("value", ["LAX", "bogus", "", "Native"])
+def test_unknown_env_value_raises_at_import_like_implementation(value):
+    e = _child_env(JAX_EXT_IMPL=value)
+    r = subprocess.run([sys.executable, "-P", "-c", "import jax_ext"], env=e, cwd="/",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: " + IMPL_MESSAGE + repr(value)), r.stderr[-2000:]
+    assert "JAX_EXT_IMPL" in last
+    with pytest.raises(ValueError) as exc:  # the same message, in-process
+        jax_ext.implementation(value)
+    assert last.startswith("ValueError: " + str(exc.value))
+
+
+def _package_copy(root, *, with_module):
+    """A copy of the jax_ext package (its Python files) under root/jax_ext."""
+    d = os.path.join(root, "jax_ext")
+    os.makedirs(d)
+    for name in os.listdir(PKG):
+        if name.endswith(".py") or (with_module and name.startswith("_jax_ext.")):
+            shutil.copy(os.path.join(PKG, name), d)
+    return d
+
+
+def _import_report(cwd, pythonpath="", pre=""):
+    """Imports jax_ext in a child process started in `cwd` (which, as for any `python -c`,
+    comes first on sys.path); returns (native_available, native_error, warnings)."""
+    code = textwrap.dedent(f"""
+        import json, warnings
+        {pre}
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import jax_ext
+        print(json.dumps([jax_ext.__file__, jax_ext.native_available(),
+                          jax_ext.native_error(),
+                          [str(x.message) for x in w if x.category is RuntimeWarning]]))
+    """)
+    e = dict(os.environ, PYTHONPATH=pythonpath)
+    e.pop("JAX_EXT_IMPL", None)
+    r = subprocess.run([sys.executable, "-c", code], env=e, cwd=cwd, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+    file, ok, err, warns = json.loads(r.stdout.strip().splitlines()[-1])
+    assert file.startswith(str(cwd)) or pythonpath, file
+    return ok, err, warns
+
+
+def _check_reported(ok, err, warns):
+    assert ok is False and err
+    native = [x for x in warns if "native module" in x]
+    assert len(native) == 1 and err in native[0], warns  # one warning, with the cause
+
+
+def test_cause_source_tree_shadowing_the_installed_package(tmp_path):
+    # A clone's root: jax_ext/ without the compiled module, found before the install.
+    src = _package_copy(tmp_path / "clone", with_module=False)
+    installed = _package_copy(tmp_path / "site", with_module=True)
+    ok, err, warns = _import_report(tmp_path / "clone", pythonpath=str(tmp_path / "site"))
+    _check_reported(ok, err, warns)
+    assert f"imported from {src}, which has no compiled module (_jax_ext{SUFFIX})" in err
+    assert f"An installed jax_ext with its compiled module is at {installed}" in err
+    assert "run from another directory" in err and "jax-ext-bench" in err
+
+
+def test_cause_source_tree_without_any_build(tmp_path):
+    clone = tmp_path / "clone"
+    src = _package_copy(clone, with_module=False)
+    (clone / "pyproject.toml").write_text("")
+    (clone / "xla_ffi").mkdir()
+    ok, err, warns = _import_report(clone)
+    _check_reported(ok, err, warns)
+    assert f"imported from {src}, which has no compiled module" in err
+    assert "This is a source tree" in err and "cp build/dev/_jax_ext*.so jax_ext/" in err
+
+
+def test_cause_module_for_another_python(tmp_path):
+    src = _package_copy(tmp_path, with_module=False)
+    open(os.path.join(src, "_jax_ext.cpython-39-x86_64-linux-gnu.so"), "wb").close()
+    ok, err, warns = _import_report(tmp_path)
+    _check_reported(ok, err, warns)
+    assert "_jax_ext.cpython-39-x86_64-linux-gnu.so) is for another Python" in err
+
+
+def test_cause_module_that_fails_to_load(tmp_path):
+    src = _package_copy(tmp_path, with_module=False)
+    with open(os.path.join(src, "_jax_ext" + SUFFIX), "wb") as f:
+        f.write(b"not a shared library")  # as a truncated or foreign-ABI build would fail
+    with open(os.path.join(src, "_build_info.py"), "w") as f:
+        f.write('JAXLIB_VERSION = "0.10.9"\nFFI_API_VERSION = "0.7"\n')
+    ok, err, warns = _import_report(tmp_path)
+    _check_reported(ok, err, warns)
+    assert f"the compiled module {os.path.join(src, '_jax_ext' + SUFFIX)} exists but failed " \
+           "to load (ImportError: " in err
+    import jax
+    import jaxlib
+    assert "built against the XLA FFI headers of jaxlib 0.10.9 (FFI API 0.7)" in err
+    assert f"this process runs jax {jax.__version__}, jaxlib {jaxlib.__version__}" in err
+    assert "Cure: rebuild it" in err
+
+
+def test_cause_registration_refused(tmp_path):
+    _package_copy(tmp_path, with_module=True)
+    pre = """
+        import jax.ffi
+        def refuse(name, capsule, platform):
+            raise RuntimeError("FFI handler's API version (0, 9) is newer than the runtime's")
+        jax.ffi.register_ffi_target = refuse
+    """
+    ok, err, warns = _import_report(tmp_path, pre=textwrap.indent(textwrap.dedent(pre), "        "))
+    _check_reported(ok, err, warns)
+    assert err.startswith("the compiled module loaded but registering its FFI targets failed "
+                          "(RuntimeError: FFI handler's API version (0, 9) is newer")
+    assert "install a jaxlib at least as new as the one it was built against" in err
+
+
+def test_native_error_is_none_when_loaded():
+    if jax_ext.native_available():
+        assert jax_ext.native_error() is None
+    else:
+        assert jax_ext.native_error()
+
+
+def test_benchmark_console_script():
+    """`jax-ext-bench` (the README's benchmark command) runs jax_ext.bench:main of the
+    installed package, also when started in the clone's root."""
+    import importlib.metadata
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    assert 'jax-ext-bench = "jax_ext.bench:main"' in (root / "pyproject.toml").read_text()
+    from jax_ext import bench
+    assert callable(bench.main)
+    try:
+        dist = importlib.metadata.distribution("jax_ext")
+        installed_here = os.path.samefile(str(dist.locate_file("jax_ext")), PKG)
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        installed_here = False
+    if not installed_here:
+        return  # testing a source tree: the script belongs to some other install
+    (ep,) = [e for e in dist.entry_points if e.name == "jax-ext-bench"]
+    assert ep.group == "console_scripts" and ep.value == "jax_ext.bench:main"
+    script = os.path.join(os.path.dirname(sys.executable), "jax-ext-bench")
+    # Started in the clone's root, whose jax_ext/ has no compiled module: importing that
+    # would warn (an error here), so success means the installed package was used.
+    r = subprocess.run([script, "--help"], cwd=root, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONWARNINGS="error::RuntimeWarning"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "usage" in r.stdout
