@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import _compat
 
@@ -57,7 +59,7 @@ _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "rem
 _BUFFER_RESULTS = {"while", "scan", "cond"}
 
 
-def _callee(module_op, name: str):
+def _callee(module_op: Any, name: str) -> Any:
     for op in module_op.regions[0].blocks[0].operations:
         if op.operation.name == "func.func" and ir.StringAttr(
                 op.attributes["sym_name"]).value == name:
@@ -65,7 +67,7 @@ def _callee(module_op, name: str):
     return None
 
 
-def _outer_value(value, stack, level):
+def _outer_value(value: Any, stack: Sequence[Any], level: int) -> tuple[Any, int] | None:
     """The value an argument of an inner function (a nested jit, a scan body, ...) is
     called with, from the jaxpr lowered around it: (value, level) or None."""
     if level + 1 >= len(stack):
@@ -80,7 +82,8 @@ def _outer_value(value, stack, level):
     return (outer_env[v], level + 1) if v in outer_env else None
 
 
-def producer(value, stack=(), level: int = 0, depth: int = 0) -> tuple[bool, str]:
+def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
+             depth: int = 0) -> tuple[bool, str]:
     """Is `value` (an MLIR value being lowered) already in memory? -> (yes, what it is).
     `stack`: _compat.enclosing_equations(), to follow arguments of inner functions out."""
     try:
@@ -126,11 +129,11 @@ def producer(value, stack=(), level: int = 0, depth: int = 0) -> tuple[bool, str
         return False, f"unknown ({type(e).__name__})"
 
 
-def _uses(jaxpr, var):
+def _uses(jaxpr: Any, var: Any) -> list[Any]:
     return [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
 
 
-def _inner_jaxpr(eqn):
+def _inner_jaxpr(eqn: Any) -> Any:
     for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         j = eqn.params.get(k)
         if j is not None:
@@ -138,7 +141,7 @@ def _inner_jaxpr(eqn):
     return None
 
 
-def _consumer_in(jaxpr, var, depth) -> tuple[bool, str]:
+def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
     """Do the uses of `var` inside `jaxpr` leave it in memory? (opaque, first fusing use)."""
     for e in _uses(jaxpr, var):
         name = e.primitive.name
@@ -157,7 +160,7 @@ def _consumer_in(jaxpr, var, depth) -> tuple[bool, str]:
     return True, ""
 
 
-def consumers(prim) -> tuple[bool, str]:
+def consumers(prim: Any) -> tuple[bool, str]:
     """Would the result of the equation being lowered (of primitive `prim`) stay in memory
     anyway? -> (yes, why). Looks at the jaxprs jax is lowering right now."""
     stack = _compat.enclosing_equations()
@@ -183,7 +186,8 @@ def consumers(prim) -> tuple[bool, str]:
     return False, "consumers unknown"
 
 
-def operands_and_result(prim, ctx, names, args, out_bytes) -> tuple[bool, str]:
+def operands_and_result(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
+                        out_bytes: int) -> tuple[bool, str]:
     """The common test: every operand of at least 1/8 of the result's bytes is in memory
     (smaller ones -- scalars, broadcast rows, index vectors -- cost little to materialize),
     and nothing would fuse the result."""
@@ -213,14 +217,14 @@ class Decision:
     reason: str
     where: str       # file:line of the user's call, when known
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.where}: {self.op} -> {self.impl} ({self.requested}: {self.reason})"
 
 
 _log = threading.local()
 
 
-def _user_frame(ctx) -> str:
+def _user_frame(ctx: Any) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         for fr in ctx.traceback.frames:
@@ -233,14 +237,14 @@ def _user_frame(ctx) -> str:
     return "?"
 
 
-def record(ctx, op: str, impl: str, requested: str, reason: str):
+def record(ctx: Any, op: str, impl: str, requested: str, reason: str) -> None:
     sink = getattr(_log, "sink", None)
     if sink is not None:
         sink.append(Decision(op, impl, requested, reason, _user_frame(ctx)))
 
 
 @contextlib.contextmanager
-def recording():
+def recording() -> Iterator[list[Decision]]:
     old = getattr(_log, "sink", None)
     _log.sink = []
     try:
@@ -249,7 +253,7 @@ def recording():
         _log.sink = old
 
 
-def explain(fn, *args, **kwargs) -> list[Decision]:
+def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]:
     """How each jax_ext call site in ``fn(*args, **kwargs)`` is lowered on CPU: a list of
     :class:`Decision` (op, impl "native"/"lax", the implementation requested, the reason and
     the calling line), in lowering order. ``fn`` is traced and lowered afresh (not run)::

@@ -190,6 +190,15 @@ except Exception:  # pragma: no cover
     ShardingTypeError = ValueError
 
 
+def explicit_axes(mesh) -> bool:
+    """Does `mesh` have an Explicit axis (sharding in types)?"""
+    try:
+        from jax.sharding import AxisType
+        return any(t == AxisType.Explicit for t in mesh.axis_types)
+    except Exception:
+        return False
+
+
 def spec_entries(aval) -> tuple:
     """The PartitionSpec entry of every dim of `aval` (None where unsharded or unknown)."""
     try:

@@ -401,6 +401,14 @@ def _pad_mask(valid, last, row_len, mid):
 
 # --- lax implementations --------------------------------------------------------------
 
+def _take_sharding(*args, **params):
+    """Under explicit mesh axes jax's gather needs its result's sharding spelled out: the
+    one abstract evaluation gives (the last dim's entry holds for the unpadded rows too)."""
+    sharding = _gather_abstract_eval(*map(jax.typeof, args), **params).sharding
+    mesh = getattr(sharding, "mesh", None)
+    return None if mesh is None or mesh.empty or not _compat.explicit_axes(mesh) else sharding
+
+
 def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
     """take (clip) of the flattened rows, pad rows selected in, pad columns added with
     lax.pad: ops XLA fuses with their producers and consumers, as for jnp.take. Exact:
@@ -422,7 +430,9 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
     else:
         flat = sv.reshape((total_src_rows,) + row_shape)
         ids = _batch_lin(sb, bshape)[..., None] * rows + row
-        g = jnp.take(flat, ids.reshape(-1), axis=0, mode="clip").reshape(shape)
+        g = flat.at[ids].get(mode="clip", out_sharding=_take_sharding(
+            src, offsets, index, num, pad, dim=dim, row_len=row_len, check_bounds=check_bounds,
+            nbatch=nbatch, impl=impl))
     v = jnp.broadcast_to(valid.reshape(valid.shape + ones), shape)
     pb = pv.reshape(pad.shape + (1,) + ones)
     g = lax.select_n(v, jnp.broadcast_to(pb, shape), g)
