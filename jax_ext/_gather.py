@@ -264,8 +264,19 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
 # --- shapes -------------------------------------------------------------------------
 
 def _batch_shape(avals, nbatch):
-    """The full batch shape: per dim, the largest operand extent (others are 1)."""
-    return tuple(max(a.shape[j] for a in avals) for j in range(nbatch))
+    """The full batch shape: per dim, the extent of the operands that are not broadcast
+    along it (those have 1). Not the largest extent: a vmap over 0 examples has batch 0,
+    and a symbolic extent (jax.export) cannot be compared with another."""
+    out = []
+    for j in range(nbatch):
+        sizes = [a.shape[j] for a in avals if not _is_one(a.shape[j])]
+        out.append(sizes[0] if sizes else 1)
+    return tuple(out)
+
+
+def _is_one(d) -> bool:
+    """d == 1 for an int; for a symbolic dim, only when it is the constant 1."""
+    return isinstance(d, (int, np.integer)) and int(d) == 1
 
 
 def _check_batch(name, a, bshape, nbatch, rest_rank):
@@ -619,7 +630,7 @@ _lowering.register(scatter_add_p, _scatter_lax, _scatter_native,
 
 def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
     src, offsets, index, num, pad = primals
-    ts, _, _, _, tp = tangents
+    ts, tp = (_compat.instantiate_tangent(tangents[k], primals[k]) for k in (0, 4))
     params = dict(dim=dim, row_len=row_len, check_bounds=check_bounds, nbatch=nbatch, impl=impl)
     out = gather_p.bind(src, offsets, index, num, pad, **params)
     if type(ts) is Zero and type(tp) is Zero:
@@ -673,7 +684,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
 def _scatter_jvp(primals, tangents, **params):
     ct, offsets, index, num = primals
     out = scatter_add_p.bind(ct, offsets, index, num, **params)
-    t = tangents[0]
+    t = _compat.instantiate_tangent(tangents[0], ct)
     if type(t) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
     return out, scatter_add_p.bind(t, offsets, index, num, **params)

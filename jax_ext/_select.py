@@ -293,7 +293,7 @@ def _zero_scalar(dtype):
 
 def _jvp(primals, tangents, *, out_shape, dims, impl):
     cond, x, y = primals
-    _, tx, ty = tangents
+    tx, ty = (_compat.instantiate_tangent(t, p) for t, p in zip(tangents[1:], (x, y)))
     out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl)
     if type(tx) is Zero and type(ty) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
