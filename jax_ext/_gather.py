@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat, _config, _lowering
+from . import _compat, _config, _lowering, _select
 
 Zero = _compat.Zero
 
@@ -42,7 +42,7 @@ scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 
 def _fmt(shape) -> str:
-    return str(tuple(int(d) for d in shape))
+    return _select._fmt(shape)
 
 
 def _is_int_dtype(dt) -> bool:
@@ -159,6 +159,10 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
       ``num_indices`` get none.
     """
     fn = "gather"
+    if _select.is_extended(src):
+        return _gather_keys(src, offsets, dim, index, check_bounds=check_bounds,
+                            num_indices=num_indices, pad_value=pad_value,
+                            align_bytes=align_bytes)
     src = _array(src, "src must be an array", fn)
     # dim
     d = _static_int(dim)
@@ -259,6 +263,40 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
     L = _row_len(src.shape[-1], itemsize, align_bytes)
     return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=int(L),
                          check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+
+
+def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_value,
+                 align_bytes):
+    """gather for a typed PRNG key array: each key is one element. Its key data
+    (uint32[..., k]) is gathered with the last two dims merged, so a row is the words of
+    its keys, and wrapped back. Padding counts whole keys: align_bytes must be None or a
+    multiple of one key's size (k * 4 bytes); padded positions (and out-of-range rows)
+    hold the key whose data is all zeros, so pad_value must be None."""
+    fn = "gather"
+    _select.check_extended(src, "src", fn)
+    if pad_value is not None:
+        raise TypeError(f"{fn}: pad_value must be None for a key array src {_fmt(src.shape)} "
+                        f"({src.dtype}): padded positions hold the all-zero key")
+    impl = jax.random.key_impl(src)
+    data = jax.random.key_data(src)
+    k = data.shape[-1]
+    key_bytes = k * data.dtype.itemsize
+    if align_bytes is not None:
+        ab = _static_int(align_bytes)
+        if ab is None or ab <= 0 or ab % key_bytes or ab > 2 ** 31:
+            raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of one key's "
+                             f"size {key_bytes} bytes ({src.dtype}) up to 2**31, got "
+                             f"{align_bytes!r}")
+    if src.ndim < 2 or _static_int(dim) is None or not 0 <= _static_int(dim) < src.ndim - 1:
+        try:  # the usual dim errors, told in terms of the key array
+            jax.eval_shape(lambda: gather(jnp.zeros(src.shape, np.uint8), offsets, dim, index))
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise type(e)(str(e).replace("(uint8)", f"({src.dtype})")) from None
+    merged = data.reshape(src.shape[:-1] + (src.shape[-1] * k,))
+    out = gather(merged, offsets, dim, index, check_bounds=check_bounds,
+                 num_indices=num_indices, align_bytes=align_bytes)
+    out = out.reshape(out.shape[:-1] + (out.shape[-1] // k, k))
+    return jax.random.wrap_key_data(out, impl=impl)
 
 
 # --- shapes -------------------------------------------------------------------------
