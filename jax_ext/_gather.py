@@ -261,7 +261,7 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
                              f"{align_bytes!r}")
         align_bytes = ab
     L = _row_len(src.shape[-1], itemsize, align_bytes)
-    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=int(L),
+    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=_select._dim(L),
                          check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
 
 
@@ -521,6 +521,10 @@ def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bo
     if not (_lowering.native_dtype_ok(avals[0].dtype)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
+    if not _lowering.static_shapes(ctx):
+        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
+        return _lowering.ffi_call(ctx, "jax_ext_gather_v2", (src, offsets, index, num, pad),
+                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
     bshape = _batch_shape(avals, nbatch)
     sshape = avals[0].shape[nbatch:]
     slices = (int(np.prod(sshape, dtype=np.int64)), dim + 1, avals[2].shape[-1], 1, 1)
@@ -543,6 +547,9 @@ def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape,
     if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
+    if not _lowering.static_shapes(ctx):
+        return _lowering.ffi_call(ctx, "jax_ext_scatter_add_v2", (ct, offsets, index, num),
+                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
     bshape = _batch_shape(avals, nbatch)
     size = int(np.prod(src_shape, dtype=np.int64))
     n = avals[2].shape[-1]

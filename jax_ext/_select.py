@@ -283,13 +283,18 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,)
     avals = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
         return None
-    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
-    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
     # In place: alias x to the result when it is laid out like the result and the caller
     # donated it. Aliasing a buffer that is not donated would make XLA copy it first,
     # which costs more than it saves. Partitioned, this is one shard of x and the result.
     alias = (avals[1].shape == tuple(out_shape) and dims[1] == tuple(range(len(out_shape)))
              and donated[1])
+    if not _lowering.static_shapes(ctx):
+        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
+        return _lowering.ffi_call(ctx, "jax_ext_select_v2", (cond, x, y),
+                                  aliases={1: 0} if alias else None, cond_dims=dims[0],
+                                  x_dims=dims[1], y_dims=dims[2])
+    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
+    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
     return _lowering.ffi_call(ctx, "jax_ext_select_v1", (cond, x, y),
                               aliases={1: 0} if alias else None, shape=shape,
                               cond_strides=cs, x_strides=xs, y_strides=ys)
