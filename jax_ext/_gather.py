@@ -89,12 +89,23 @@ def _to_carrier(a, *, saturate_to=None):
     """Integer scalar array -> the carrier type; unsigned values above its maximum
     saturate (to `saturate_to` when given)."""
     c = _carrier()
+    if saturate_to is not None and not isinstance(saturate_to, (int, np.integer)):
+        saturate_to = None  # a symbolic n (jax.export): the kernel clamps to [0, n] anyway
     top = np.iinfo(c).max if saturate_to is None else min(saturate_to, np.iinfo(c).max)
     if a.dtype.kind == "u" and a.dtype.itemsize >= c.itemsize:
         a = jnp.minimum(a, np.array(top, a.dtype))
     elif saturate_to is not None and a.dtype.itemsize > c.itemsize:  # cannot happen today
         a = jnp.clip(a, np.iinfo(c).min, top)
     return a.astype(c)
+
+
+def _maybe_le(a, b) -> bool:
+    """a <= b, or True when b is a symbolic dim the comparison cannot decide (the kernel
+    clamps num_indices into [0, n] at run time)."""
+    try:
+        return bool(a <= b)
+    except Exception:  # InconclusiveDimensionOperation
+        return True
 
 
 def _row_len(last: int, itemsize: int, align_bytes) -> int:
@@ -218,7 +229,7 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
     else:
         s, a = _int_scalar(num_indices, "num_indices", fn)
         if s is not None:
-            if not 0 <= s <= n:
+            if not (0 <= s and _maybe_le(s, n)):
                 raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
                                  f"{_fmt(index.shape)}")
             num = jnp.asarray(s, cdt)
