@@ -16,9 +16,6 @@ import pytest
 import jax_ext
 from helpers import assert_bits_equal
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def _rng(seed):
     return np.random.default_rng(seed)
 
@@ -116,8 +113,12 @@ def _run_child(tmp_path, jobs):
     src, dst = tmp_path / "jobs.pkl", tmp_path / "out.pkl"
     with open(src, "wb") as f:
         pickle.dump(jobs, f)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(dst)], env=env,
+    # The child imports the jax_ext this process imported (the sanitized build under
+    # .ci/sanitize.sh, which runs python -P), not whatever lies on its working directory.
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg_parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    flags = ["-P"] if sys.flags.safe_path else []
+    r = subprocess.run([sys.executable, *flags, "-c", _CHILD, str(src), str(dst)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(dst, "rb") as f:
