@@ -162,6 +162,10 @@ def gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad
       positive int multiple of the itemsize (``ValueError``), sub-byte dtypes count as
       1 byte.
     * Values move bit for bit (NaN payloads, -0.0), natively and through lax.
+    * A typed PRNG key array ``src`` (any implementation) is gathered key by key, as its
+      key data words: ``align_bytes`` must be ``None`` or a multiple of one key's size,
+      padded and out-of-range positions hold the all-zero key, and ``pad_value`` must be
+      ``None``. Other extended dtypes raise ``TypeError``.
     * Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates
       accumulate; padded rows and columns contribute nothing). Every element receives
       its contributions in index order on every thread count (deterministic);

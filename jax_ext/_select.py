@@ -216,7 +216,10 @@ def select(cond, then, else_, *, auto_broadcast: str = "numpy"):
 
 
 def where(condition, x, y):
-    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together."""
+    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together.
+
+    In all three selects the values may also be typed PRNG key arrays (both of one
+    implementation): they move as their key data, exactly, and come back as keys."""
     fn = "where"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)
