@@ -82,6 +82,10 @@ def _cases():
     cases["gather_grad"] = (
         jax.grad(lambda s, i: (g(s, [0], 0, i) * 1.5).sum()), ["r, k, c", "n"],
         [(src(r, c), _idx(n, n, r)) for r, c, n in ((1, 1, 4), (4, 3, 9), (8, 6, 2))])
+    cases["gather_grad_src_and_pad"] = (
+        jax.grad(lambda s, p, i: g(s, [0], 0, i, pad_value=p).sum(), argnums=(0, 1)),
+        ["r, k, c", None, "n"],
+        [(src(r, c), np.float32(2), _idx(n, n, r + 2)) for r, c, n in ((5, 3, 3), (2, 9, 1), (7, 1, 6))])
     cases["gather_vmap"] = (
         jax.vmap(lambda s, i: g(s, [0], 0, i), in_axes=(None, 0)), ["r, k, c", "b, n"],
         [(src(r, 3), np.stack([_idx(n, b + j, r) for j in range(b)])) for r, n, b in ((2, 1, 1), (5, 4, 3), (3, 6, 7))])
