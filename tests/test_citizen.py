@@ -68,6 +68,31 @@ def test_gather_vmap_zero_batch_every_operand_pattern(axes, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_gather_vmap_zero_batch_all_31_operand_patterns(impl):
+    """Every subset of (src, offsets, index, num_indices, pad_value) batched over 0
+    examples, forward and gradient (src, pad_value), all in one jitted program."""
+    patterns = [a for a in itertools.product((0, None), repeat=5) if any(x == 0 for x in a)]
+    assert len(patterns) == 31
+    grad = jax.grad(lambda *a: _gather_fn(*a).sum(), argnums=(0, 4))
+    gref = jax.grad(lambda *a: _gather_ref(*a).sum(), argnums=(0, 4))
+    all_args = [_batched(_GATHER_ARGS, axes, 0) for axes in patterns]
+
+    def run(all_args):
+        return [(jax.vmap(_gather_fn, in_axes=ax)(*a), jax.vmap(grad, in_axes=ax)(*a))
+                for ax, a in zip(patterns, all_args)]
+    with jax_ext.implementation(impl):
+        outs = jax.jit(run)(all_args)
+        text = jax.jit(run).lower(all_args).as_text()
+    if impl == "native" and jax_ext.native_available():
+        assert "jax_ext_gather_v1" in text and "jax_ext_scatter_add_v1" in text
+    for ax, a, (fwd, (gs, gp)) in zip(patterns, all_args, outs):
+        want = jax.eval_shape(jax.vmap(_gather_ref, in_axes=ax), *a)
+        gw = jax.eval_shape(jax.vmap(gref, in_axes=ax), *a)
+        assert (fwd.shape, fwd.dtype) == (want.shape, want.dtype) == ((0, 4, 8), np.float32)
+        assert (gs.shape, gp.shape) == (gw[0].shape, gw[1].shape) == ((0, 4, 3, 5), (0,))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_issue_snippets_zero_batch_gather(impl):
     src = jnp.ones((4, 3), jnp.float32); idx = jnp.array([0, 5])
     with jax_ext.implementation(impl):
@@ -132,6 +157,34 @@ def test_selects_vmap_zero_batch_every_operand_pattern(name, axes, impl):
                             jax.vmap(jax.grad(lambda c, x, y: _ref_where(c, x, y).sum(),
                                               argnums=(1, 2)), in_axes=axes)(*args)):
                 assert_bits_equal(a, b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_selects_vmap_zero_batch_all_axes_patterns(impl):
+    """Every in_axes pattern over (0, 1, None) for each select at 0 examples, forward and
+    gradient, in one jitted program, against jnp.where's shapes."""
+    calls = []
+    for name, (fn, shapes) in sorted(_SELECTS.items()):
+        for axes in itertools.product((0, 1, None), repeat=3):
+            axes = tuple(None if ax is None or ax > len(sh) else ax for ax, sh in zip(axes, shapes))
+            if all(a is None for a in axes):
+                continue
+            args = [np.zeros(sh[:ax] + (0,) + sh[ax:], dt) if ax is not None else np.zeros(sh, dt)
+                    for sh, ax, dt in zip(shapes, axes, (bool, np.float32, np.float32))]
+            calls.append((fn, axes, args))
+
+    def run(all_args):
+        return [(jax.vmap(fn, in_axes=ax)(*a),
+                 jax.vmap(jax.grad(lambda c, x, y, fn=fn: fn(c, x, y).sum(), argnums=(1, 2)),
+                          in_axes=ax)(*a)) for (fn, ax, _), a in zip(calls, all_args)]
+    with jax_ext.implementation(impl):
+        outs = jax.jit(run)([c[2] for c in calls])
+    for (fn, ax, a), (fwd, g) in zip(calls, outs):
+        want = jax.eval_shape(jax.vmap(_ref_where, in_axes=ax), *a)
+        gw = jax.eval_shape(jax.vmap(jax.grad(lambda c, x, y: _ref_where(c, x, y).sum(),
+                                              argnums=(1, 2)), in_axes=ax), *a)
+        assert (fwd.shape, fwd.dtype) == (want.shape, want.dtype) and fwd.shape[0] == 0
+        assert [t.shape for t in g] == [t.shape for t in gw]
 
 
 # --- Python scalar tangents -------------------------------------------------------------
