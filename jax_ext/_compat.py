@@ -36,6 +36,16 @@ from jax.interpreters import ad, batching, mlir, xla  # noqa: E402
 from jax._src.lib.mlir import ir  # noqa: E402  (the MLIR bindings jax lowers with)
 
 Zero = ad.Zero
+
+
+def instantiate_tangent(t, primal):
+    """A JVP rule's tangent as an array of the primal's tangent type. jax hands a rule
+    the Python scalar a caller passed (jax.jvp(f, (x,), (1.,)) under jit or make_jaxpr)
+    unconverted; symbolic zeros stay as they are."""
+    if type(t) is Zero or hasattr(t, "dtype"):
+        return t
+    import jax.numpy as jnp
+    return jnp.asarray(t, dtype=jax.typeof(primal).to_tangent_aval().dtype)
 is_undefined_primal = ad.is_undefined_primal
 apply_primitive = xla.apply_primitive
 

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _auto as _auto_mod, _compat, _config, _lowering
+from . import _auto as _auto_mod, _compat, _config, _lowering, _select
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -50,7 +50,7 @@ scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 
 def _fmt(shape) -> str:
-    return str(tuple(int(d) for d in shape))
+    return _select._fmt(shape)
 
 
 def _is_int_dtype(dt) -> bool:
@@ -97,12 +97,23 @@ def _to_carrier(a, *, saturate_to=None):
     """Integer scalar array -> the carrier type; unsigned values above its maximum
     saturate (to `saturate_to` when given)."""
     c = _carrier()
+    if saturate_to is not None and not isinstance(saturate_to, (int, np.integer)):
+        saturate_to = None  # a symbolic n (jax.export): the kernel clamps to [0, n] anyway
     top = np.iinfo(c).max if saturate_to is None else min(saturate_to, np.iinfo(c).max)
     if a.dtype.kind == "u" and a.dtype.itemsize >= c.itemsize:
         a = jnp.minimum(a, np.array(top, a.dtype))
     elif saturate_to is not None and a.dtype.itemsize > c.itemsize:  # cannot happen today
         a = jnp.clip(a, np.iinfo(c).min, top)
     return a.astype(c)
+
+
+def _maybe_le(a, b) -> bool:
+    """a <= b, or True when b is a symbolic dim the comparison cannot decide (the kernel
+    clamps num_indices into [0, n] at run time)."""
+    try:
+        return bool(a <= b)
+    except Exception:  # InconclusiveDimensionOperation
+        return True
 
 
 def _row_len(last: int, itemsize: int, align_bytes) -> int:
@@ -161,6 +172,10 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
       positive int multiple of the itemsize (``ValueError``), sub-byte dtypes count as
       1 byte.
     * Values move bit for bit (NaN payloads, -0.0), natively and through lax.
+    * A typed PRNG key array ``src`` (any implementation) is gathered key by key, as its
+      key data words: ``align_bytes`` must be ``None`` or a multiple of one key's size,
+      padded and out-of-range positions hold the all-zero key, and ``pad_value`` must be
+      ``None``. Other extended dtypes raise ``TypeError``.
     * Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates
       accumulate; padded rows and columns contribute nothing). Every element receives
       its contributions in index order on every thread count (deterministic);
@@ -169,6 +184,10 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
       ``num_indices`` get none.
     """
     fn = "gather"
+    if _select.is_extended(src):
+        return _gather_keys(src, offsets, dim, index, check_bounds=check_bounds,
+                            num_indices=num_indices, pad_value=pad_value,
+                            align_bytes=align_bytes)
     src = _array(src, "src must be an array", fn)
     # dim
     d = _static_int(dim)
@@ -224,7 +243,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     else:
         s, a = _int_scalar(num_indices, "num_indices", fn)
         if s is not None:
-            if not 0 <= s <= n:
+            if not (0 <= s and _maybe_le(s, n)):
                 raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
                                  f"{_fmt(index.shape)}")
             num = jnp.asarray(s, cdt)
@@ -267,15 +286,60 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
                              f"{align_bytes!r}")
         align_bytes = ab
     L = _row_len(src.shape[-1], itemsize, align_bytes)
-    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=int(L),
+    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=_select._dim(L),
                          check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+
+
+def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_value,
+                 align_bytes):
+    """gather for a typed PRNG key array: each key is one element. Its key data
+    (uint32[..., k]) is gathered with the last two dims merged, so a row is the words of
+    its keys, and wrapped back. Padding counts whole keys: align_bytes must be None or a
+    multiple of one key's size (k * 4 bytes); padded positions (and out-of-range rows)
+    hold the key whose data is all zeros, so pad_value must be None."""
+    fn = "gather"
+    _select.check_extended(src, "src", fn)
+    if pad_value is not None:
+        raise TypeError(f"{fn}: pad_value must be None for a key array src {_fmt(src.shape)} "
+                        f"({src.dtype}): padded positions hold the all-zero key")
+    impl = jax.random.key_impl(src)
+    data = jax.random.key_data(src)
+    k = data.shape[-1]
+    key_bytes = k * data.dtype.itemsize
+    if align_bytes is not None:
+        ab = _static_int(align_bytes)
+        if ab is None or ab <= 0 or ab % key_bytes or ab > 2 ** 31:
+            raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of one key's "
+                             f"size {key_bytes} bytes ({src.dtype}) up to 2**31, got "
+                             f"{align_bytes!r}")
+    if src.ndim < 2 or _static_int(dim) is None or not 0 <= _static_int(dim) < src.ndim - 1:
+        try:  # the usual dim errors, told in terms of the key array
+            jax.eval_shape(lambda: gather(jnp.zeros(src.shape, np.uint8), offsets, dim, index))
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise type(e)(str(e).replace("(uint8)", f"({src.dtype})")) from None
+    merged = data.reshape(src.shape[:-1] + (src.shape[-1] * k,))
+    out = gather(merged, offsets, dim, index, check_bounds=check_bounds,
+                 num_indices=num_indices, align_bytes=align_bytes)
+    out = out.reshape(out.shape[:-1] + (out.shape[-1] // k, k))
+    return jax.random.wrap_key_data(out, impl=impl)
 
 
 # --- shapes -------------------------------------------------------------------------
 
 def _batch_shape(avals, nbatch):
-    """The full batch shape: per dim, the largest operand extent (others are 1)."""
-    return tuple(max(a.shape[j] for a in avals) for j in range(nbatch))
+    """The full batch shape: per dim, the extent of the operands that are not broadcast
+    along it (those have 1). Not the largest extent: a vmap over 0 examples has batch 0,
+    and a symbolic extent (jax.export) cannot be compared with another."""
+    out = []
+    for j in range(nbatch):
+        sizes = [a.shape[j] for a in avals if not _is_one(a.shape[j])]
+        out.append(sizes[0] if sizes else 1)
+    return tuple(out)
+
+
+def _is_one(d) -> bool:
+    """d == 1 for an int; for a symbolic dim, only when it is the constant 1."""
+    return isinstance(d, (int, np.integer)) and int(d) == 1
 
 
 def _check_batch(name, a, bshape, nbatch, rest_rank):
@@ -488,6 +552,10 @@ def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bo
     if not (_lowering.native_dtype_ok(avals[0].dtype)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
+    if not _lowering.static_shapes(ctx):
+        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
+        return _lowering.ffi_call(ctx, "jax_ext_gather_v2", (src, offsets, index, num, pad),
+                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
     bshape = _batch_shape(avals, nbatch)
     sshape = avals[0].shape[nbatch:]
     slices = (int(np.prod(sshape, dtype=np.int64)), dim + 1, avals[2].shape[-1], 1, 1)
@@ -510,6 +578,9 @@ def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape,
     if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
+    if not _lowering.static_shapes(ctx):
+        return _lowering.ffi_call(ctx, "jax_ext_scatter_add_v2", (ct, offsets, index, num),
+                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
     bshape = _batch_shape(avals, nbatch)
     size = int(np.prod(src_shape, dtype=np.int64))
     n = avals[2].shape[-1]
@@ -660,7 +731,7 @@ _lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, 
 
 def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
     src, offsets, index, num, pad = primals
-    ts, _, _, _, tp = tangents
+    ts, tp = (_compat.instantiate_tangent(tangents[k], primals[k]) for k in (0, 4))
     params = dict(dim=dim, row_len=row_len, check_bounds=check_bounds, nbatch=nbatch, impl=impl)
     out = gather_p.bind(src, offsets, index, num, pad, **params)
     if type(ts) is Zero and type(tp) is Zero:
@@ -714,7 +785,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
 def _scatter_jvp(primals, tangents, **params):
     ct, offsets, index, num = primals
     out = scatter_add_p.bind(ct, offsets, index, num, **params)
-    t = tangents[0]
+    t = _compat.instantiate_tangent(tangents[0], ct)
     if type(t) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
     return out, scatter_add_p.bind(t, offsets, index, num, **params)

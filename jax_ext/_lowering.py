@@ -21,6 +21,13 @@ def native_dtype_ok(dtype) -> bool:
     return np.dtype(dtype).name not in _SUB_BYTE
 
 
+def static_shapes(ctx) -> bool:
+    """True when every operand and result shape is known; False under jax.export with
+    symbolic dimensions, where the v2 targets (sizes read from the buffers) are used."""
+    return all(isinstance(d, (int, np.integer))
+               for a in list(ctx.avals_in) + list(ctx.avals_out) for d in a.shape)
+
+
 def ffi_call(ctx, target: str, operands, *, aliases: dict[int, int] | None = None, **attrs):
     """Lower to the FFI custom call `target`. Attributes are normalized here: the C++
     decoders are strict (an int64 array must arrive as i64), so every integer sequence

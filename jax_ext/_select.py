@@ -37,7 +37,7 @@ _SCALAR_TYPES = (bool, int, float, complex)
 # --- front-end helpers --------------------------------------------------------------
 
 def _fmt(shape) -> str:
-    return str(tuple(int(d) for d in shape))
+    return str(tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in shape))
 
 
 def _as_array(v, arg: str, fn: str):
@@ -64,11 +64,51 @@ def _condition(c, arg: str, fn: str):
     return c
 
 
+def is_extended(v) -> bool:
+    """A value with an extended dtype (PRNG key arrays) or float0: no numpy dtype."""
+    dt = getattr(v, "dtype", None)
+    if dt is None:
+        return False
+    try:
+        return (jax.dtypes.issubdtype(dt, jax.dtypes.extended)
+                or dt == jax.dtypes.float0)
+    except TypeError:
+        return False
+
+
+def is_key(v) -> bool:
+    return is_extended(v) and jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key)
+
+
+def check_extended(v, arg: str, fn: str) -> None:
+    """Typed PRNG key arrays move as their key data; any other extended dtype (and
+    float0) has no data jax_ext could move: TypeError."""
+    if is_extended(v) and not is_key(v):
+        raise TypeError(f"{fn}: {arg} has dtype {v.dtype}, which jax_ext does not support: of "
+                        "the extended dtypes only typed PRNG key arrays (jax.random.key) can "
+                        "be selected or gathered")
+
+
+def _key_values(x, y, names, fn):
+    """Two key arrays of one PRNG implementation, or TypeError naming them."""
+    for n, v in zip(names, (x, y)):
+        check_extended(v, n, fn)
+    if not (is_key(x) and is_key(y)) or x.dtype != y.dtype:
+        desc = " and ".join(f"{n}: {getattr(v, 'dtype', type(v).__name__)}"
+                            f"{_fmt(np.shape(v)) if hasattr(v, 'shape') else ''}"
+                            for n, v in zip(names, (x, y)))
+        raise TypeError(f"{fn}: {names[0]} and {names[1]} must both be PRNG key arrays of one "
+                        f"implementation when either is, got {desc}")
+    return x, y
+
+
 def _values(x, y, names: tuple[str, str], fn: str):
     """Both value operands with one dtype. A weakly typed scalar (Python scalar or
     weakly typed array) takes the other operand's dtype; two strong dtypes must agree.
     A Python scalar that does not fit that dtype (2**70 for int8, NaN for int32, a
     complex for float32) raises ValueError (TypeError for a complex), naming it."""
+    if is_extended(x) or is_extended(y):
+        return _key_values(x, y, names, fn)
     x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
     try:
         return _values_typed(x, y, names, fn)
@@ -125,8 +165,22 @@ def _right_aligned(ndim: int, rank: int) -> tuple[int, ...]:
 
 
 def _bind(cond, x, y, out_shape, dims):
-    return select_p.bind(cond, x, y, out_shape=tuple(int(d) for d in out_shape),
+    if is_key(x):
+        # Keys move as their key data, uint32[..., k]: the condition maps onto the
+        # leading dims only, the words of one key travel together, exactly.
+        impl = jax.random.key_impl(x)
+        xd, yd = jax.random.key_data(x), jax.random.key_data(y)
+        r = len(out_shape)
+        out = _bind(cond, xd, yd, tuple(out_shape) + (xd.shape[-1],),
+                    (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)))
+        return jax.random.wrap_key_data(out, impl=impl)
+    return select_p.bind(cond, x, y, out_shape=tuple(_dim(d) for d in out_shape),
                          dims=tuple(tuple(d) for d in dims), impl=_config.current())
+
+
+def _dim(d):
+    """A result extent as a Python int, or a symbolic dim (jax.export) as it is."""
+    return int(d) if isinstance(d, (int, np.integer)) else d
 
 
 # --- public front-ends --------------------------------------------------------------
@@ -170,7 +224,10 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
-    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together."""
+    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together.
+
+    In all three selects the values may also be typed PRNG key arrays (both of one
+    implementation): they move as their key data, exactly, and come back as keys."""
     fn = "where"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)
@@ -237,13 +294,18 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,)
     avals = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
         return None
-    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
-    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
     # In place: alias x to the result when it is laid out like the result and the caller
     # donated it. Aliasing a buffer that is not donated would make XLA copy it first,
     # which costs more than it saves. Partitioned, this is one shard of x and the result.
     alias = (avals[1].shape == tuple(out_shape) and dims[1] == tuple(range(len(out_shape)))
              and donated[1])
+    if not _lowering.static_shapes(ctx):
+        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
+        return _lowering.ffi_call(ctx, "jax_ext_select_v2", (cond, x, y),
+                                  aliases={1: 0} if alias else None, cond_dims=dims[0],
+                                  x_dims=dims[1], y_dims=dims[2])
+    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
+    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
     return _lowering.ffi_call(ctx, "jax_ext_select_v1", (cond, x, y),
                               aliases={1: 0} if alias else None, shape=shape,
                               cond_strides=cs, x_strides=xs, y_strides=ys)
@@ -315,7 +377,7 @@ def _zero_scalar(dtype):
 
 def _jvp(primals, tangents, *, out_shape, dims, impl):
     cond, x, y = primals
-    _, tx, ty = tangents
+    tx, ty = (_compat.instantiate_tangent(t, p) for t, p in zip(tangents[1:], (x, y)))
     out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl)
     if type(tx) is Zero and type(ty) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())

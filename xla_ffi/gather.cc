@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common.h"
+#include "geometry_v2.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -759,5 +760,65 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
                                   .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
                                   .Attr<ffi::Span<const int64_t>>("index_bstrides")
                                   .Attr<ffi::Span<const int64_t>>("num_bstrides"));
+
+// v2: the same kernels; shapes, sizes and batch strides come from the buffers
+// (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
+namespace {
+ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
+                        ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
+                        bool check_bounds) {
+  v2::GatherGeometry g;
+  std::vector<int64_t> st[5];
+  if (auto e = v2::GatherFromBuffers(src.dimensions(), offsets.dimensions(), index.dimensions(),
+                                     num.dimensions(), pad.dimensions(), out->dimensions(),
+                                     nbatch, dim, g, st);
+      e.failure())
+    return e;
+  return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim,
+                    g.row_len, g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]),
+                    v2::Of(st[1]), v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
+}
+
+ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                            ffi::AnyBuffer index, ffi::AnyBuffer num,
+                            ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
+                            bool check_bounds) {
+  v2::GatherGeometry g;
+  std::vector<int64_t> st[4];
+  if (auto e = v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(), index.dimensions(),
+                                      num.dimensions(), out->dimensions(), nbatch, dim, g, st);
+      e.failure())
+    return e;
+  return ScatterAddImpl(pool, ct, offsets, index, num, out, v2::Of(g.src_shape), dim, g.row_len,
+                        g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
+                        v2::Of(st[2]), v2::Of(st[3]));
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // src
+                                  .Arg<ffi::AnyBuffer>()  // offsets
+                                  .Arg<ffi::AnyBuffer>()  // index
+                                  .Arg<ffi::AnyBuffer>()  // num_indices
+                                  .Arg<ffi::AnyBuffer>()  // pad_value
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("dim")
+                                  .Attr<int64_t>("nbatch")
+                                  .Attr<bool>("check_bounds"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddV2Handler, ScatterAddV2Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // ct
+                                  .Arg<ffi::AnyBuffer>()  // offsets
+                                  .Arg<ffi::AnyBuffer>()  // index
+                                  .Arg<ffi::AnyBuffer>()  // num_indices
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("dim")
+                                  .Attr<int64_t>("nbatch")
+                                  .Attr<bool>("check_bounds"));
 
 }  // namespace jax_ext

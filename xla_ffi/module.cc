@@ -9,6 +9,9 @@ namespace jax_ext {
 extern "C" XLA_FFI_Error* SelectHandler(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* GatherHandler(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* ScatterAddHandler(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* SelectV2Handler(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* GatherV2Handler(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* ScatterAddV2Handler(XLA_FFI_CallFrame*);
 }
 
 namespace {
@@ -25,6 +28,10 @@ NB_MODULE(_jax_ext, m) {
     d["jax_ext_select_v1"] = Capsule(jax_ext::SelectHandler);
     d["jax_ext_gather_v1"] = Capsule(jax_ext::GatherHandler);
     d["jax_ext_scatter_add_v1"] = Capsule(jax_ext::ScatterAddHandler);
+    // v2: sizes read from the buffers at run time (shape-polymorphic jax.export).
+    d["jax_ext_select_v2"] = Capsule(jax_ext::SelectV2Handler);
+    d["jax_ext_gather_v2"] = Capsule(jax_ext::GatherV2Handler);
+    d["jax_ext_scatter_add_v2"] = Capsule(jax_ext::ScatterAddV2Handler);
     return d;
   });
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common.h"
+#include "geometry_v2.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -234,5 +235,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
                                   .Attr<ffi::Span<const int64_t>>("cond_strides")
                                   .Attr<ffi::Span<const int64_t>>("x_strides")
                                   .Attr<ffi::Span<const int64_t>>("y_strides"));
+
+// v2: the same kernel; shape and strides come from the buffers (geometry_v2.h), the
+// attributes only say which result dimension each operand dimension lies along.
+namespace {
+ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x,
+                        ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Span<const int64_t> cond_dims, ffi::Span<const int64_t> x_dims,
+                        ffi::Span<const int64_t> y_dims) {
+  const v2::Dims operands[3] = {cond.dimensions(), x.dimensions(), y.dimensions()};
+  const v2::Dims maps[3] = {cond_dims, x_dims, y_dims};
+  v2::SelectGeometry g;
+  if (auto e = v2::SelectFromBuffers(out->dimensions(), operands, maps, g); e.failure()) return e;
+  return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
+                    v2::Of(g.strides[1]), v2::Of(g.strides[2]));
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectV2Handler, SelectV2Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // cond
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // y
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("cond_dims")
+                                  .Attr<ffi::Span<const int64_t>>("x_dims")
+                                  .Attr<ffi::Span<const int64_t>>("y_dims"));
 
 }  // namespace jax_ext
