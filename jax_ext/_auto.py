@@ -19,6 +19,7 @@ recorded; :func:`explain` reports them for a function.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -186,15 +187,37 @@ def consumers(prim: Any) -> tuple[bool, str]:
     return False, "consumers unknown"
 
 
+def static_nbytes(aval: Any) -> int | None:
+    """Bytes of an array, or None when a dimension is symbolic (jax.export)."""
+    try:
+        return int(math.prod(int(d) for d in aval.shape)) * aval.dtype.itemsize
+    except Exception:
+        return None
+
+
+def enough_work(aval: Any, min_bytes: int, what: str) -> tuple[bool, str]:
+    n = static_nbytes(aval)
+    if n is None:
+        return True, f"{what} size known only at run time"
+    if n < min_bytes:
+        return False, f"{n} {what} bytes: too little work"
+    return True, f"{n} {what} bytes"
+
+
 def operands_and_result(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
-                        out_bytes: int) -> tuple[bool, str]:
-    """The common test: every operand of at least 1/8 of the result's bytes is in memory
-    (smaller ones -- scalars, broadcast rows, index vectors -- cost little to materialize),
-    and nothing would fuse the result."""
+                        min_bytes: int) -> tuple[bool, str]:
+    """The common test: enough result bytes; every operand of at least 1/8 of the result's
+    bytes is in memory (smaller ones -- scalars, broadcast rows, index vectors -- cost
+    little to materialize); and nothing would fuse the result."""
+    ok, what = enough_work(ctx.avals_out[0], min_bytes, "result")
+    if not ok:
+        return ok, what
+    out_bytes = static_nbytes(ctx.avals_out[0])
     whats = []
     stack = _compat.enclosing_equations()
     for name, aval, v in zip(names, ctx.avals_in, args):
-        if aval.size * aval.dtype.itemsize * 8 < out_bytes:
+        n = static_nbytes(aval)
+        if n is not None and (aval.ndim == 0 or (out_bytes is not None and n * 8 < out_bytes)):
             continue
         ok, what = producer(v, stack)
         if not ok:

@@ -703,22 +703,16 @@ AUTO_SCATTER_MIN_BYTES = 1 << 14
 
 
 def _gather_auto(ctx, *args, **params):
-    out = ctx.avals_out[0]
-    out_bytes = out.size * out.dtype.itemsize
-    if out_bytes < AUTO_MIN_BYTES:
-        return False, f"{out_bytes} result bytes: too little work"
     return _auto_mod.operands_and_result(
-        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args, out_bytes)
+        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args,
+        AUTO_MIN_BYTES)
 
 
 def _scatter_auto(ctx, *args, **params):
     # XLA's scatter is a serial loop that neither fuses nor is fused away, so the kernel
     # wins wherever there is enough work, whatever produces the cotangent.
-    ct = ctx.avals_in[0]
-    ct_bytes = ct.size * ct.dtype.itemsize
-    if ct_bytes < AUTO_SCATTER_MIN_BYTES:
-        return False, f"{ct_bytes} cotangent bytes: too little work"
-    return True, "XLA's scatter does not fuse either"
+    ok, what = _auto_mod.enough_work(ctx.avals_in[0], AUTO_SCATTER_MIN_BYTES, "cotangent")
+    return ok, what + ("; XLA's scatter does not fuse either" if ok else "")
 
 
 _lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,

@@ -359,12 +359,8 @@ AUTO_MIN_BYTES = 1 << 16
 
 
 def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
-    out = ctx.avals_out[0]
-    out_bytes = out.size * out.dtype.itemsize
-    if out_bytes < AUTO_MIN_BYTES:
-        return False, f"{out_bytes} result bytes: too little work"
     return _auto_mod.operands_and_result(select_p, ctx, ("cond", "x", "y"), (cond, x, y),
-                                         out_bytes)
+                                         AUTO_MIN_BYTES)
 
 
 _lowering.register(select_p, "select", _lax_impl, _native_lowering, _auto,
