@@ -341,7 +341,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
       const T* pp = static_cast<const T*>(pad.untyped_data());
       T* o = static_cast<T*>(out->untyped_data());
-      AdviseHugePages(o, out->size_bytes());
+      PrefaultFresh(pool, o, out->size_bytes());
       const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
       const int64_t row_src = inner * last;
       const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
@@ -689,7 +689,7 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
     });
     if (err.failure()) return err;
   }
-  AdviseHugePages(out->untyped_data(), out->size_bytes());
+  PrefaultFresh(pool, out->untyped_data(), out->size_bytes());
   // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
   // as unsigned of their width (two's complement wraps alike), complex as float lanes.
   auto run = [&](auto acc, auto conv, int64_t lanes) {
