@@ -7,9 +7,15 @@ taking ``*args``; ``bytes`` counts the bytes read and written (index included), 
   with 0), against ``jnp.take(src, index, axis=0, mode="fill", fill_value=0)``. The f32
   rows used (128, 64, 16, 8 elements) are multiples of 32 bytes, so the default
   ``align_bytes=32`` adds no columns and both results have one shape and equal bits.
-  n = min(65536, src rows) indices (16384 with ``quick``).
-* the gradient with respect to src of ``sum(gather(src) * ct)`` against the same for
-  ``jnp.take`` (XLA's scatter-add): src 65536x128 with 65536 indices.
+  The index counts are those of the shapes users reported (a quarter of the rows, or all).
+* the gradient with respect to src of ``sum(gather(src) * ct)`` and of the loss
+  ``sum(gather(src) ** 2)`` against the same for ``jnp.take`` (XLA's scatter-add): src
+  65536x128 with 65536 indices.
+
+Row gathers also carry ``onnx`` (onnxruntime's CPU ``Gather`` on the same numpy data,
+when onnxruntime and onnx are installed; it rejects indices past the end, so it gets them
+clipped: the same bytes moved, compared on the in-range rows) and ``copy_bytes`` (the
+result's size, for the numpy copy bandwidth measured alongside).
 """
 from __future__ import annotations
 
@@ -39,7 +45,54 @@ def _gather_case(rows, cols, n, seed=0):
         return ours, ref, (src, idx)
 
     return dict(name=f"gather f32 {rows}x{cols} n={n}", op="gather", dtype="float32",
-                elements=n * cols, bytes=2 * n * cols * item + 4 * n, make=make, chain=False)
+                elements=n * cols, bytes=2 * n * cols * item + 4 * n, make=make, chain=False,
+                onnx=_onnx_gather, copy_bytes=n * cols * item)
+
+
+def _onnx_gather(host):
+    """onnxruntime's CPU Gather over the same numpy arrays, or None when not installed."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    src, idx = host
+    rows, cols = src.shape
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["src", "index"], ["out"], axis=0)], "gather",
+        [vi("src", TensorProto.FLOAT, [rows, cols]), vi("index", TensorProto.INT32, [idx.size])],
+        [vi("out", TensorProto.FLOAT, [idx.size, cols])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = min(model.ir_version, 10)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inside = idx < rows
+    clipped = np.where(inside, idx, rows - 1).astype(np.int32)
+
+    def run(s, i):
+        return sess.run(None, {"src": s, "index": i})[0]
+
+    def check(ours, theirs):
+        return np.array_equal(ours[inside].view(np.uint32), theirs[inside].view(np.uint32))
+
+    return run, (src, clipped), check
+
+
+def _loss_grad_case(rows, cols, n, seed=2):
+    """The gradient of a loss through gather, written the way a user writes it."""
+    def make():
+        rng = np.random.default_rng(seed)
+        src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
+        idx = jnp.asarray(_index(rng, rows, n))
+        ours = jax.jit(jax.grad(lambda s, i: jnp.sum(gather(s, [0], 0, i) ** 2)))
+        ref = jax.jit(jax.grad(lambda s, i: jnp.sum(
+            jnp.take(s, i, axis=0, mode="fill", fill_value=0) ** 2)))
+        return ours, ref, (src, idx)
+
+    return dict(name=f"gather loss grad sum(g**2) f32 {rows}x{cols} n={n}", op="gather_grad",
+                dtype="float32", elements=rows * cols,
+                bytes=3 * n * cols * 4 + 4 * n + 2 * rows * cols * 4, make=make, chain=False)
 
 
 def _grad_case(rows, cols, n, seed=1):
@@ -63,11 +116,13 @@ def _grad_case(rows, cols, n, seed=1):
 
 def cases(quick: bool) -> list[dict]:
     if quick:
-        shapes = [(65536, 128), (16384, 64), (262144, 16), (4096, 8)]
-        n_max, grad = 16384, (16384, 128, 16384)
+        shapes = [(65536, 128, 16384), (16384, 64, 4096), (262144, 16, 65536), (4096, 8, 4096)]
+        grad = (16384, 128, 16384)
     else:
-        shapes = [(262144, 128), (65536, 64), (1048576, 16), (4096, 8)]
-        n_max, grad = 65536, (65536, 128, 65536)
-    out = [_gather_case(r, c, min(n_max, r)) for r, c in shapes]
+        shapes = [(262144, 128, 65536), (65536, 64, 16384), (1048576, 16, 262144),
+                  (4096, 8, 4096)]
+        grad = (65536, 128, 65536)
+    out = [_gather_case(r, c, n) for r, c, n in shapes]
     out.append(_grad_case(*grad))
+    out.append(_loss_grad_case(*grad))
     return out

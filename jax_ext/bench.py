@@ -1,15 +1,35 @@
 """The main job: jax_ext against the jnp built-ins, side by side, in one process.
 
-    python -m jax_ext.bench [--quick] [--only SUBSTRING] [--json bench.json] [--plot bench.png]
+    python -m jax_ext.bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
+                            [--impl native|lax] [--json bench.json] [--plot bench.png]
 
-Each case jits both functions, checks they agree, then times them in alternating
-rounds (ours, theirs, ours, ...) so machine noise hits both alike, and reports medians
-and the ratio theirs/ours (> 1: jax_ext is faster). Writes a JSON file and, when
-matplotlib is installed, a plot of throughput against size.
+Each case jits both functions, checks they agree bit for bit, then times them in
+alternating rounds (ours, theirs, ours, ...) so machine noise hits both alike. Two
+calling patterns are timed:
+
+* reused: the same argument arrays every call (a donated operand is fed back from the
+  previous result);
+* fresh: every call gets arguments made right before it from numpy
+  (``jax.device_put`` of a host copy, the way ``jnp.asarray(x_numpy)`` makes them), as
+  most user code does. The transfer is waited for before the clock starts, so the
+  time is the call's own, including what a fresh buffer costs it (page faults, a copy
+  XLA inserts when a donated buffer cannot be reused).
+
+Per round the ratio theirs/ours is taken (> 1: jax_ext is faster); a row reports the
+median ratio and its spread (min-max of the per-round ratios), the median times, and
+``spread``: (max - min) / median of our per-round times. Gather rows also carry
+onnxruntime's CPU ``Gather`` (when installed: ``pip install '.[bench]'``) and a
+``numpy.copyto`` of the result's bytes into a reused buffer, the copy bandwidth the
+machine gives in the same rounds. Writes a JSON file and, when matplotlib is
+installed, a plot.
+
+Without the compiled module this refuses to run (exit status 2) unless ``--impl lax``
+asks for the lax fallback explicitly: lax timings must not pass for the native ones.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -43,6 +63,21 @@ def _select_case(name, n_cond, n_x, n_y, dtype, *, donate=False, rng_seed=0, fn=
                 bytes=nbytes, make=make, chain=donate)
 
 
+def _donated_sparse_case(n, p_true):
+    """In-place select the way a masked update is written: x donated, mostly kept."""
+    def make():
+        rng = np.random.default_rng(7)
+        c = jnp.asarray(rng.random(n) < p_true)
+        x = jnp.asarray(rng.standard_normal(n).astype(np.float32))
+        y = jnp.asarray(rng.standard_normal(n).astype(np.float32))
+        return (jax.jit(jax_ext.select, donate_argnums=1),
+                jax.jit(jnp.where, donate_argnums=1), (c, x, y))
+
+    k = n.bit_length() - 1
+    return dict(name=f"select donated {int(p_true * 100)}% true f32 2^{k}", op="select",
+                dtype="float32", elements=n, bytes=n + 4 * 3 * n, make=make, chain=True)
+
+
 def select_cases(quick: bool):
     import ml_dtypes
     sizes = [10, 14, 18, 22] if quick else [10, 14, 18, 22, 24]
@@ -57,6 +92,7 @@ def select_cases(quick: bool):
                               (m, 1), (m, k), (1, k), np.float32))
     cases.append(_select_case(f"select donated in place f32 {tag}", (big,), (big,), (big,),
                               np.float32, donate=True))
+    cases.append(_donated_sparse_case(big, 0.9))
     cases.append(_select_case("select 8 elements f32", (8,), (8,), (8,), np.float32))
     return cases
 
@@ -73,99 +109,279 @@ def all_cases(quick: bool, devices: int = 0):
     return cases + _bench_gather.cases(quick)
 
 
-def _run(fn, args, chain):
-    if chain:  # donated: feed each output back in as the donated operand
-        out = fn(*args)
-        out.block_until_ready()
-        return (args[0], out) + tuple(args[2:])
-    out = fn(*args)
+# ---------------------------------------------------------------------------------------
+# timing
+
+def _fresh(host, like):
+    """New device arrays made from host copies, placed (and sharded) like `like`, with
+    their transfers finished."""
+    out = tuple(jax.device_put(np.array(h, copy=True), a.sharding) for h, a in zip(host, like))
     jax.block_until_ready(out)
-    return args
+    return out
 
 
-def _sample(fn, args, chain, iters):
+def _time_reused(fn, args, chain, iters):
     t0 = time.perf_counter()
     for _ in range(iters):
-        args = _run(fn, args, chain)
+        out = fn(*args)
+        jax.block_until_ready(out)
+        if chain:  # donated: feed each output back in as the donated operand
+            args = (args[0], out) + tuple(args[2:])
     return (time.perf_counter() - t0) / iters, args
 
 
-def _copy_args(args, chain):
+def _time_fresh(fn, host, like, iters):
+    total = 0.0
+    for _ in range(iters):
+        args = _fresh(host, like)
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        total += time.perf_counter() - t0
+        del args
+    return total / iters
+
+
+def _time_host(fn, host, fresh, iters):
+    total = 0.0
+    for _ in range(iters):
+        args = tuple(np.array(h, copy=True) for h in host) if fresh else host
+        t0 = time.perf_counter()
+        fn(*args)
+        total += time.perf_counter() - t0
+    return total / iters
+
+
+def _copy_args(args):
     # Donated operands are consumed: each side needs its own copies.
-    return tuple(jnp.array(a, copy=True) for a in args) if chain else args
+    return tuple(jnp.array(a, copy=True) for a in args)
 
 
-def measure(case, rounds: int, min_sample_s: float):
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+        a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+
+
+def _stats(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return dict(median=statistics.median(xs), min=min(xs), max=max(xs), q1=q[0], q3=q[2])
+
+
+def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")):
+    """Times one case in each calling pattern; returns one result dict per pattern."""
     ours, theirs, args = case["make"]()
-    a_ours, a_theirs = _copy_args(args, case["chain"]), _copy_args(args, case["chain"])
-    # Agreement first (bitwise), then warm-up; donated inputs are consumed, so copy.
-    got = np.asarray(ours(*_copy_args(a_ours, case["chain"])))
-    want = np.asarray(theirs(*_copy_args(a_theirs, case["chain"])))
-    same = got.shape == want.shape and np.array_equal(
-        got.view(np.uint8) if got.dtype != object else got, want.view(np.uint8))
-    t, a_ours = _sample(ours, a_ours, case["chain"], 1)
-    t2, a_theirs = _sample(theirs, a_theirs, case["chain"], 1)
-    iters = max(1, int(min_sample_s / max(1e-7, min(t, t2))))
-    t_ours, t_theirs = [], []
-    for _ in range(rounds):
-        t, a_ours = _sample(ours, a_ours, case["chain"], iters)
-        t_ours.append(t)
-        t, a_theirs = _sample(theirs, a_theirs, case["chain"], iters)
-        t_theirs.append(t)
-    mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
-    return dict(ours_s=mo, ref_s=mt, ratio=mt / mo, gbps=case["bytes"] / mo / 1e9,
-                bitwise_equal=bool(same), iters=iters, rounds=rounds)
+    chain = case["chain"]
+    host = tuple(np.asarray(a) for a in args)
+    # Agreement first (bitwise); donated inputs are consumed, so copy.
+    got = ours(*_copy_args(args))
+    same = _same_bits(got, theirs(*_copy_args(args)))
+    ort = case["onnx"](host) if case.get("onnx") else None
+    ort_same = None
+    if ort is not None:
+        ort_fn, ort_host, ort_check = ort
+        ort_same = bool(ort_check(np.asarray(got), ort_fn(*ort_host)))
+    copy = None
+    if case.get("copy_bytes"):
+        csrc = np.ones(case["copy_bytes"], np.uint8)
+        cdst = np.zeros_like(csrc)
+        copy = lambda: np.copyto(cdst, csrc)  # noqa: E731
+    results = []
+    for pattern in patterns:
+        a_ours, a_theirs = _copy_args(args), _copy_args(args)
 
+        def one(fn, side_args, iters):
+            if pattern == "reused":
+                return _time_reused(fn, side_args, chain, iters)
+            return _time_fresh(fn, host, args, iters), side_args
+
+        # warm-up (compiles), then the sample size: enough calls for min_sample_s
+        t1, a_ours = one(ours, a_ours, 1)
+        t2, a_theirs = one(theirs, a_theirs, 1)
+        t1, a_ours = one(ours, a_ours, 1)
+        t2, a_theirs = one(theirs, a_theirs, 1)
+        iters = max(1, int(min_sample_s / max(1e-7, min(t1, t2))))
+        t_ours, t_ref, t_ort, t_copy = [], [], [], []
+        for _ in range(rounds):
+            t, a_ours = one(ours, a_ours, iters)
+            t_ours.append(t)
+            t, a_theirs = one(theirs, a_theirs, iters)
+            t_ref.append(t)
+            if ort is not None:
+                t_ort.append(_time_host(ort_fn, ort_host, pattern == "fresh", iters))
+            if copy is not None:
+                t_copy.append(_time_host(lambda: copy(), (), False, iters))
+        del a_ours, a_theirs
+        ratio = _stats([r / o for o, r in zip(t_ours, t_ref)])
+        mo = statistics.median(t_ours)
+        row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
+                   ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
+                   ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
+                   spread=(max(t_ours) - min(t_ours)) / mo,
+                   gbps=case["bytes"] / mo / 1e9, bitwise_equal=bool(same),
+                   iters=iters, rounds=rounds, ort_s=None, ort_ratio=None,
+                   ort_ratio_min=None, ort_ratio_max=None, ort_agrees=ort_same,
+                   copy_s=None, copy_frac=None)
+        if t_ort:
+            r = _stats([w / o for o, w in zip(t_ours, t_ort)])
+            row.update(ort_s=statistics.median(t_ort), ort_ratio=r["median"],
+                       ort_ratio_min=r["min"], ort_ratio_max=r["max"])
+        if t_copy:
+            # our bandwidth over numpy's copy bandwidth, per round: 1.0 = as fast as a copy
+            r = _stats([c / o for o, c in zip(t_ours, t_copy)])
+            row.update(copy_s=statistics.median(t_copy), copy_frac=r["median"])
+        results.append(row)
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# report
 
 def _fmt_t(s):
-    return f"{s * 1e6:9.1f} us" if s < 1e-3 else f"{s * 1e3:9.3f} ms"
+    if s is None:
+        return "-"
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def _fmt_ratio(r, lo, hi):
+    return "-" if r is None else f"{r:.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
+# (header, width, cell(row) -> str). A list, so more columns can be added in one place.
+COLUMNS = [
+    ("case", -50, lambda r: r["name"]),
+    ("calls", -6, lambda r: r["pattern"]),
+    ("jax_ext", 11, lambda r: _fmt_t(r["ours_s"])),
+    ("spread", 6, lambda r: f"{r['spread'] * 100:.0f}%"),
+    ("reference", 11, lambda r: _fmt_t(r["ref_s"])),
+    ("ratio [min-max]", 20, lambda r: _fmt_ratio(r["ratio"], r["ratio_min"], r["ratio_max"])),
+    ("vs onnxruntime", 20,
+     lambda r: _fmt_ratio(r.get("ort_ratio"), r.get("ort_ratio_min"), r.get("ort_ratio_max"))),
+    ("of copy", 7, lambda r: "-" if r.get("copy_frac") is None else f"{r['copy_frac'] * 100:.0f}%"),
+    ("GB/s", 6, lambda r: f"{r['gbps']:.1f}"),
+    ("exact", 5, lambda r: "yes" if r["bitwise_equal"] else "NO"),
+]
+
+
+def format_table(rows, columns=COLUMNS, markdown=False):
+    if markdown:
+        lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+                 "|" + "|".join("---" if w < 0 else "---:" for _, w, _ in columns) + "|"]
+        lines += ["| " + " | ".join(f(r) for _, _, f in columns) + " |" for r in rows]
+        return "\n".join(lines)
+
+    def line(cells):
+        return "  ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}"
+                         for c, (_, w, _) in zip(cells, columns))
+    head = line([h for h, _, _ in columns])
+    return "\n".join([head, "-" * len(head)] + [line([f(r) for _, _, f in columns]) for r in rows])
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(impl: str) -> dict:
+    import jaxlib
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    try:
+        import onnxruntime
+        ort = onnxruntime.__version__
+    except ImportError:
+        ort = None
+    return dict(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                cpu=_cpu_model(), cores=cores, machine=platform.machine(),
+                jax=jax.__version__, jaxlib=jaxlib.__version__, numpy=np.__version__,
+                onnxruntime=ort, jax_ext=jax_ext.__version__,
+                native=jax_ext.native_available())
+
+
+def _native_error() -> str:
+    """Why the compiled module is missing, read defensively (its text lives in _native)."""
+    from . import _native
+    for attr in ("load_error", "error", "_ERROR"):
+        v = getattr(_native, attr, None)
+        if callable(v):
+            with contextlib.suppress(Exception):
+                v = v()
+        if v:
+            return str(v)
+    return "unknown reason"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m jax_ext.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (< 1 min)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, 7 rounds")
     p.add_argument("--only", default="", help="run the cases whose name contains this")
-    p.add_argument("--rounds", type=int, default=None, help="alternating timing rounds")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating timing rounds (at least 3; default 15, --quick 7)")
+    p.add_argument("--pattern", choices=("both", "reused", "fresh"), default="both",
+                   help="calling pattern(s) to time (default both)")
+    p.add_argument("--impl", choices=("native", "lax"), default="native",
+                   help="the jax_ext implementation measured; 'lax' benchmarks the fallback")
     p.add_argument("--json", default="bench.json", help="where to write the results")
     p.add_argument("--plot", default="bench.png", help="where to draw the plot (matplotlib)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     p.add_argument("--devices", type=int, default=0,
                    help="also run the sharded cases (names start with 'shard') on N host "
                         "devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     a = p.parse_args(argv)
+    if a.impl == "native" and not jax_ext.native_available():
+        print("jax_ext.bench: the native module is not loaded "
+              f"({_native_error()}).\nThis benchmark measures the C++ handlers; without them "
+              "every jax_ext call runs the lax fallback, and those timings must not pass for "
+              "the native ones.\nFix: build and install the extension (see the README's "
+              "'Supported versions and dependencies'), or pass --impl lax to benchmark the "
+              "lax fallback on purpose.", file=sys.stderr)
+        return 2
     if a.devices > 1:  # before anything starts jax's backends
         from . import _bench_sharded
         _bench_sharded.force_host_devices(a.devices, argv)
-    rounds = a.rounds or (5 if a.quick else 15)
+    rounds = max(3, a.rounds or (7 if a.quick else 15))
     min_sample = 0.01 if a.quick else 0.03
+    patterns = ("reused", "fresh") if a.pattern == "both" else (a.pattern,)
     cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]]
-    print(f"jax_ext {jax_ext.__version__} | jax {jax.__version__} | native "
-          f"{'yes' if jax_ext.native_available() else 'NO (lax fallback)'} | "
-          f"{platform.processor() or platform.machine()} x{os.cpu_count()} | {len(cases)} cases, "
-          f"{rounds} alternating rounds", flush=True)
-    head = f"{'case':<46} {'jax_ext':>12} {'reference':>12} {'ratio':>7} {'GB/s':>7}  exact"
+    meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
+                                       loadavg_start=list(os.getloadavg()))
+    print(f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {meta['date']} | "
+          f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
+          f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {len(cases)} cases x "
+          f"{len(patterns)} patterns, {rounds} alternating rounds | load {meta['loadavg_start'][0]:.1f}",
+          flush=True)
     rows = []
-    for i, case in enumerate(cases):
-        print(f"[{i + 1}/{len(cases)}] {case['name']} ...", end="", flush=True, file=sys.stderr)
-        r = measure(case, rounds, min_sample)
-        print(f" {r['ratio']:.2f}x", flush=True, file=sys.stderr)
-        rows.append({k: v for k, v in case.items() if k != "make"} | r)
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['name']:<46} {_fmt_t(r['ours_s'])} {_fmt_t(r['ref_s'])} "
-              f"{r['ratio']:6.2f}x {r['gbps']:7.2f}  {'yes' if r['bitwise_equal'] else 'NO'}")
-    meta = dict(date=time.strftime("%Y-%m-%d"), jax=jax.__version__, quick=a.quick,
-                machine=platform.machine(), cpus=os.cpu_count(), rounds=rounds,
-                native=jax_ext.native_available())
+    with jax_ext.implementation(a.impl):
+        for i, case in enumerate(cases):
+            print(f"[{i + 1}/{len(cases)}] {case['name']} ...", end="", flush=True,
+                  file=sys.stderr)
+            for r in measure(case, rounds, min_sample, patterns):
+                print(f" {r['pattern']} {r['ratio']:.2f}x", end="", flush=True, file=sys.stderr)
+                rows.append({k: v for k, v in case.items() if not callable(v)} | r)
+            print(file=sys.stderr)
+    meta["loadavg_end"] = list(os.getloadavg())
+    print(format_table(rows))
+    if a.markdown:
+        print()
+        print(format_table(rows, markdown=True))
     with open(a.json, "w") as f:
         json.dump(dict(meta=meta, results=rows), f, indent=1)
     print(f"wrote {a.json}")
-    _plot(rows, a.plot)
-    return 0 if all(r["bitwise_equal"] for r in rows) else 1
+    _plot(rows, meta, a.plot)
+    ok = all(r["bitwise_equal"] for r in rows) and all(
+        r.get("ort_agrees") is not False for r in rows)
+    return 0 if ok else 1
 
 
-def _plot(rows, path):
+def _plot(rows, meta, path):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -173,31 +389,40 @@ def _plot(rows, path):
     except ImportError:
         print("matplotlib not installed (pip install '.[bench]'): no plot")
         return
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 0.9 + 0.32 * max(8, len(rows))),
-                                 gridspec_kw=dict(width_ratios=[1, 1.3]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1.4 + 0.3 * max(8, len(rows))),
+                                 gridspec_kw=dict(width_ratios=[1, 1.4]))
     # Left: throughput against size for the f32 select sweep, both implementations.
-    f32 = [r for r in rows if r["name"].startswith("select f32 2^")]
-    if f32:
-        xs = [r["elements"] for r in f32]
-        ax.plot(xs, [r["bytes"] / r["ours_s"] / 1e9 for r in f32], "o-", label="jax_ext.select")
-        ax.plot(xs, [r["bytes"] / r["ref_s"] / 1e9 for r in f32], "s--",
-                label="jax.jit(jnp.where)")
+    for pattern, mark in (("reused", "-"), ("fresh", ":")):
+        f32 = [r for r in rows if r["name"].startswith("select f32 2^") and r["pattern"] == pattern]
+        if f32:
+            xs = [r["elements"] for r in f32]
+            ax.plot(xs, [r["bytes"] / r["ours_s"] / 1e9 for r in f32], "o" + mark,
+                    label=f"jax_ext.select ({pattern})")
+            ax.plot(xs, [r["bytes"] / r["ref_s"] / 1e9 for r in f32], "s" + mark,
+                    label=f"jax.jit(jnp.where) ({pattern})")
+    if ax.lines:
         ax.set_xscale("log", base=2)
-        ax.legend()
+        ax.legend(fontsize=7)
     ax.set_xlabel("result elements (float32)")
     ax.set_ylabel("GB/s (bytes read + written / median time)")
     ax.set_title("select throughput against size")
-    # Right: the speed ratio of every case (> 1: jax_ext is faster).
-    names = [r["name"] for r in rows][::-1]
+    # Right: the speed ratio of every row with its min-max spread (> 1: jax_ext is faster).
+    names = [f"{r['name']} ({r['pattern']})" for r in rows][::-1]
     ratios = [r["ratio"] for r in rows][::-1]
-    bx.barh(names, ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
+    err = [[r["ratio"] - r["ratio_min"] for r in rows][::-1],
+           [r["ratio_max"] - r["ratio"] for r in rows][::-1]]
+    bx.barh(names, ratios, xerr=err, color=["tab:green" if v >= 1 else "tab:red" for v in ratios],
+            error_kw=dict(lw=0.7))
     bx.axvline(1.0, color="k", lw=0.8)
     bx.set_xscale("log", base=2)
-    bx.set_xlabel("reference time / jax_ext time (log scale)")
+    bx.set_xlabel("reference time / jax_ext time (log scale; bars: min-max over rounds)")
     bx.set_title("speed-up over the jnp built-in, per case")
-    bx.tick_params(axis="y", labelsize=7)
+    bx.tick_params(axis="y", labelsize=6)
     for y, v in enumerate(ratios):
-        bx.annotate(f"{v:.2f}x", (v, y), xytext=(3, -3), textcoords="offset points", fontsize=7)
+        bx.annotate(f"{v:.2f}x", (v, y), xytext=(3, -3), textcoords="offset points", fontsize=6)
+    fig.suptitle(f"jax_ext {meta['jax_ext']} ({meta['implementation']}) | {meta['date']} | "
+                 f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']}",
+                 fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")

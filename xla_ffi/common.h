@@ -123,19 +123,36 @@ inline void StreamFence() {
 // transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. A
 // buffer the allocator is reusing (its first page already resident) is left alone:
 // there the hint only adds compaction work. Failure is ignored.
-inline void AdviseHugePages(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (bytes < kHuge) return;
+constexpr uintptr_t kHugeBytes = uintptr_t{2} << 20;
+
+// The 2 MiB-aligned interior [*b, *e) of a buffer; false when it has none or its first
+// huge page is already resident (a buffer the allocator is reusing).
+inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) {
+#if defined(__linux__)
+  if (bytes < kHugeBytes) return false;
   const uintptr_t p = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t b = (p + kHuge - 1) & ~(kHuge - 1), e = (p + bytes) & ~(kHuge - 1);
-  if (e <= b) return;
+  *b = (p + kHugeBytes - 1) & ~(kHugeBytes - 1);
+  *e = (p + bytes) & ~(kHugeBytes - 1);
+  if (*e <= *b) return false;
   unsigned char resident = 0;
-  if (mincore(reinterpret_cast<void*>(b), 4096, &resident) == 0 && (resident & 1)) return;
+  return !(mincore(reinterpret_cast<void*>(*b), 4096, &resident) == 0 && (resident & 1));
+#else
+  (void)data, (void)bytes, (void)b, (void)e;
+  return false;
+#endif
+}
+
+// Returns true when the hint was given (the buffer is fresh).
+inline bool AdviseHugePages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  uintptr_t b, e;
+  if (!FreshInterior(data, bytes, &b, &e)) return false;
   madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+  return true;
 #else
   (void)data;
   (void)bytes;
+  return false;
 #endif
 }
 

@@ -1,0 +1,55 @@
+"""The benchmark harness: it must not pass lax timings off as native ones, and its
+results carry what is needed to judge them (implementation, machine, spread)."""
+import json
+
+import jax_ext
+from jax_ext import _native, bench
+
+
+def test_refuses_without_native_module(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(_native, "_AVAILABLE", False)
+    monkeypatch.setattr(_native, "_ERROR", "ImportError: no module named _jax_ext")
+    rc = bench.main(["--only", "select 8 elements", "--json", str(tmp_path / "b.json")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "native module is not loaded" in err and "no module named _jax_ext" in err
+    assert "--impl lax" in err
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_lax_on_request_records_implementation_and_spread(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc = bench.main(["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
+                     "--json", str(out), "--plot", str(tmp_path / "b.png")])
+    assert rc == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "implementation lax" in head and "jaxlib" in head
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    assert meta["implementation"] == "lax" and meta["cores"] >= 1 and meta["cpu"]
+    assert meta["jax"] and meta["jaxlib"] and meta["rounds"] == 3
+    rows = data["results"]
+    assert [r["pattern"] for r in rows] == ["reused", "fresh"]
+    for r in rows:
+        assert r["bitwise_equal"]
+        assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
+        assert r["spread"] >= 0 and r["rounds"] == 3
+
+
+def test_quick_uses_at_least_seven_rounds(tmp_path):
+    out = tmp_path / "b.json"
+    impl = "native" if jax_ext.native_available() else "lax"
+    assert bench.main(["--quick", "--impl", impl, "--only", "select 8 elements",
+                       "--pattern", "reused", "--json", str(out),
+                       "--plot", str(tmp_path / "b.png")]) == 0
+    assert json.loads(out.read_text())["results"][0]["rounds"] >= 7
+
+
+def test_table_is_built_from_the_column_list():
+    row = dict(name="c", pattern="reused", ours_s=1e-3, ref_s=2e-3, ratio=2.0, ratio_min=1.5,
+               ratio_max=2.5, spread=0.1, gbps=1.0, bitwise_equal=True)
+    cols = bench.COLUMNS + [("picked", 6, lambda r: "native")]
+    text = bench.format_table([row], cols)
+    assert "picked" in text.splitlines()[0] and text.splitlines()[-1].rstrip().endswith("native")
+    md = bench.format_table([row], cols, markdown=True)
+    assert md.splitlines()[0].count("|") == len(cols) + 1
