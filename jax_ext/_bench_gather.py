@@ -52,7 +52,6 @@ def _gather_case(rows, cols, n, seed=0):
 def _onnx_gather(host):
     """onnxruntime's CPU Gather over the same numpy arrays, or None when not installed."""
     try:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
     except ImportError:

@@ -21,7 +21,7 @@ def _case(name, ours, theirs, make_args, *, nbytes=0, elements=0, dtype="float32
         args = make_args(np.random.default_rng(0))
         return jax.jit(ours), jax.jit(theirs), tuple(jnp.asarray(a) for a in args)
     return dict(name=name, op="program", dtype=dtype, elements=elements, bytes=nbytes,
-                make=make, chain=False, exact=False, ours_fn=ours)
+                make=make, chain=False, exact=False)
 
 
 def _vec(n, dtype=np.float32):
@@ -197,12 +197,3 @@ def _scan(quick):
 
 def cases(quick: bool):
     return _chains(quick) + _attention(quick) + _gathers(quick) + _scan(quick)
-
-
-def picked(case, args) -> str:
-    """What implementation "auto" chose at each jax_ext call site of the case's program."""
-    fn = case.get("ours_fn")
-    if fn is None:
-        return ""
-    ds = jax_ext.explain(fn, *args)
-    return ", ".join(f"{d.op}:{d.impl}" for d in ds)
