@@ -63,7 +63,7 @@ def test_selects_of_keys_jit_vmap_scan(name, key_impl, impl):
         # scan: reset the keys of finished episodes each step
         def step(keys, done):
             fresh = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys.reshape(-1)).reshape(keys.shape)
-            keys = fn(done, fresh, keys) if name != "select" else fn(done, fresh, keys)
+            keys = fn(done, fresh, keys)
             return keys, jax.random.key_data(keys)[..., 0]
 
         def step_ref(keys, done):
@@ -112,7 +112,7 @@ def test_gather_of_keys_jit_vmap_scan(key_impl, impl):
         # the key table indexed per example (vmap over index), and a batch of tables
         ib = jnp.stack([idx, idx[::-1]])
         got = jax.vmap(lambda i: jax_ext.gather(table, [0], 0, i, align_bytes=None))(ib)
-        want = jax.vmap(lambda i: ref(i))(ib) if False else jnp.stack([ref(idx), ref(idx[::-1])])
+        want = jnp.stack([ref(idx), ref(idx[::-1])])
         _same(got, want)
         tb = jnp.stack([table, table[::-1]])
         got = jax.jit(jax.vmap(lambda t: jax_ext.gather(t, [1, 0], 1, jnp.array([1, 0]),
