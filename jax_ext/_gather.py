@@ -522,9 +522,8 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     n = index.shape[-1]
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
-    inner = int(np.prod(mid, dtype=np.int64))
-    rows = int(np.prod(src_shape[:dim + 1], dtype=np.int64))
-    total = int(np.prod(out_bshape, dtype=np.int64)) * rows
+    inner, rows = math.prod(mid), math.prod(src_shape[:dim + 1])
+    total = math.prod(out_bshape) * rows
     acc = _acc_dtype(ct.dtype)
     valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
     valid = jnp.broadcast_to(valid, bshape + (n,))

@@ -221,3 +221,19 @@ def test_v2_direct_calls_and_bad_maps():
         a = dict(dict(dim=np.int64(0), nbatch=np.int64(0), check_bounds=np.bool_(True)), **kw)
         with pytest.raises(Exception, match="scatter_add"):
             jax.block_until_ready(sf(_vals(ctshape, 5), offs, idx, num, **a))
+
+
+@pytest.mark.parametrize("name", ["where", "where_vmap", "where_grad", "select", "where3_rows"]
+                         + [n for n in _cases() if n.startswith("gather")][:6])
+def test_symbolic_exports_on_the_lax_path(name):
+    """implementation("lax") (and "auto" where it takes lax) exports with symbolic dims too:
+    no static size is asked of a symbolic dim, and the call agrees at every size."""
+    fn, spec, calls = _cases()[name]
+    specs = jax.export.symbolic_args_specs(calls[0], spec)
+    with jax_ext.implementation("lax"):
+        exp = jax.export.export(jax.jit(fn), disabled_checks=jax_ext.export_checks())(*specs)
+        assert "custom_call @jax_ext" not in exp.mlir_module()
+        for args in calls:
+            for got, want in zip(jax.tree.leaves(exp.call(*args)),
+                                 jax.tree.leaves(jax.jit(fn)(*args))):
+                assert_bits_equal(got, want)
