@@ -31,7 +31,7 @@ def test_lax_on_request_records_implementation_and_spread(tmp_path, capsys):
     rows = data["results"]
     assert [r["pattern"] for r in rows] == ["reused", "fresh"]
     for r in rows:
-        assert r["bitwise_equal"]
+        assert r["agrees"] and r["picked"] == "select:lax"
         assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
         assert r["spread"] >= 0 and r["rounds"] == 3
 
@@ -47,7 +47,7 @@ def test_quick_uses_at_least_seven_rounds(tmp_path):
 
 def test_table_is_built_from_the_column_list():
     row = dict(name="c", pattern="reused", ours_s=1e-3, ref_s=2e-3, ratio=2.0, ratio_min=1.5,
-               ratio_max=2.5, spread=0.1, gbps=1.0, bitwise_equal=True)
+               ratio_max=2.5, spread=0.1, gbps=1.0, agrees=True, picked="select:native")
     cols = bench.COLUMNS + [("picked", 6, lambda r: "native")]
     text = bench.format_table([row], cols)
     assert "picked" in text.splitlines()[0] and text.splitlines()[-1].rstrip().endswith("native")
