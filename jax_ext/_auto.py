@@ -10,8 +10,9 @@ The kernel therefore only pays where that would happen anyway. ``auto`` takes it
   custom call, gather, sort, loop, ...), looked up in the MLIR being built;
 * no consumer of the result would fuse it: the result is a program output, loop state, or
   read only by such opaque ops, looked up in the jaxpr being lowered; and
-* the work is large enough for the kernel to beat XLA's loop (per-op thresholds, measured
-  with ``python -m jax_ext.bench``).
+* the work is large enough for the kernel to beat XLA's loop: a per-op threshold, measured
+  on the machine the package is tuned on; ``None`` where the kernel never measured faster
+  (README, "Native or lax: who decides", has the numbers).
 
 Everywhere else the lax path, which fuses like the jnp code it replaces. Each decision is
 recorded; :func:`explain` reports them for a function.
@@ -195,7 +196,11 @@ def static_nbytes(aval: Any) -> int | None:
         return None
 
 
-def enough_work(aval: Any, min_bytes: int, what: str) -> tuple[bool, str]:
+def enough_work(aval: Any, min_bytes: int | None, what: str) -> tuple[bool, str]:
+    """Is there enough work for the kernel to beat XLA's loop? `min_bytes` None: the
+    kernel was measured no faster at any size, so never."""
+    if min_bytes is None:
+        return False, "the kernel measured no faster than XLA's fused loop at any size"
     n = static_nbytes(aval)
     if n is None:
         return True, f"{what} size known only at run time"
@@ -205,7 +210,7 @@ def enough_work(aval: Any, min_bytes: int, what: str) -> tuple[bool, str]:
 
 
 def operands_and_result(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
-                        min_bytes: int) -> tuple[bool, str]:
+                        min_bytes: int | None) -> tuple[bool, str]:
     """The common test: enough result bytes; every operand of at least 1/8 of the result's
     bytes is in memory (smaller ones -- scalars, broadcast rows, index vectors -- cost
     little to materialize); and nothing would fuse the result."""

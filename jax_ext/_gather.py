@@ -695,10 +695,12 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     return in_specs, o, local
 
 
-# implementation "auto" (see _auto.py): below these byte counts XLA's own gather and scatter
-# are as fast as the kernels (measured with `python -m jax_ext.bench`).
-AUTO_MIN_BYTES = 1 << 16
-AUTO_SCATTER_MIN_BYTES = 1 << 14
+# implementation "auto" (see _auto.py): the bytes from which the kernels beat XLA's gather
+# (result bytes) and scatter (cotangent bytes). None: on the machines this is tuned on they
+# never did -- gather 0.79-1.03x and scatter-add 0.81-1.09x of the lax path over 4 KiB-32 MiB,
+# reused and fresh arguments (README "Native or lax: who decides").
+AUTO_MIN_BYTES: int | None = None
+AUTO_SCATTER_MIN_BYTES: int | None = None
 
 
 def _gather_auto(ctx, *args, **params):
@@ -708,8 +710,8 @@ def _gather_auto(ctx, *args, **params):
 
 
 def _scatter_auto(ctx, *args, **params):
-    # XLA's scatter is a serial loop that neither fuses nor is fused away, so the kernel
-    # wins wherever there is enough work, whatever produces the cotangent.
+    # XLA's scatter neither fuses nor is fused away, so where the kernel wins on size it
+    # wins whatever produces the cotangent.
     ok, what = _auto_mod.enough_work(ctx.avals_in[0], AUTO_SCATTER_MIN_BYTES, "cotangent")
     return ok, what + ("; XLA's scatter does not fuse either" if ok else "")
 

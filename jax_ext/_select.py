@@ -353,9 +353,11 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
     return in_specs, o, local
 
 
-# implementation "auto" (see _auto.py): below this many result bytes XLA's own loop is as
-# fast as the kernel (measured with `python -m jax_ext.bench`, README "Where native wins").
-AUTO_MIN_BYTES = 1 << 16
+# implementation "auto" (see _auto.py): the result bytes from which the kernel beats XLA's
+# own fused select. None: on the 2-core x86-64 machines this is tuned on it never did -- the
+# kernel ran 0.85-1.06x of the lax path from 1 KiB to 64 MiB, every width, broadcast and row
+# conditions, donated, reused and fresh arguments (README "Native or lax: who decides").
+AUTO_MIN_BYTES: int | None = None
 
 
 def _auto(ctx, cond, x, y, *, out_shape, dims, impl):

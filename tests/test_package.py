@@ -42,15 +42,20 @@ def test_public_api():
 def test_env_var_sets_the_default_implementation():
     code = """
         import jax, numpy as np, jax_ext
-        c, x = np.ones(1 << 16, bool), np.ones(1 << 16, np.float32)  # enough work for auto
-        print("custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())
+        c, x = np.ones(1 << 16, bool), np.ones(1 << 16, np.float32)
+        print(jax_ext._config.current(),
+              "custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())
         with jax_ext.implementation("native"):
             print("custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())
+        with jax_ext.implementation("lax"):
+            print("custom_call" in jax.jit(jax_ext.where).lower(c, x, x).as_text())
     """
+    out, _ = _run(code, JAX_EXT_IMPL="native")
+    assert out.split() == ["native", "True", "True", "False"]
     out, _ = _run(code, JAX_EXT_IMPL="lax")
-    assert out.split() == ["False", "True"]
-    out, _ = _run(code, JAX_EXT_IMPL="auto")
-    assert out.split() == ["True", "True"]
+    assert out.split() == ["lax", "False", "True", "False"]
+    out, _ = _run(code, JAX_EXT_IMPL="auto")  # the shipped thresholds: lax (tests/test_auto.py)
+    assert out.split() == ["auto", "False", "True", "False"]
 
 
 def test_missing_native_module_warns_once_and_runs_on_lax():
