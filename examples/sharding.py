@@ -1,5 +1,7 @@
-"""Sharding on 4 host devices: jax_ext operations under jit with sharded operands run
-the native kernel on each device's block, without communication."""
+"""Sharding on 4 host devices: jax_ext operations under jit with sharded operands run on
+each device's block, without communication -- as XLA's own partitioned ops under the default
+implementation("auto"), and as the native kernel per block under implementation("native")
+(JAX_EXT_IMPL=native python examples/sharding.py)."""
 import os
 
 # Must happen before jax is imported: split the CPU into 4 devices.
