@@ -24,21 +24,17 @@ dims, 1 where several batch elements accumulate into one result).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import operator
+from collections.abc import Sequence
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax.typing import ArrayLike
+
 from . import _compat, _config, _lowering
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from jax.typing import ArrayLike
 
 Zero = _compat.Zero
 
