@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING
-
+from collections.abc import Sequence
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from . import _auto as _auto_mod, _compat, _config, _lowering, _select
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from jax.typing import ArrayLike
 
 Zero = _compat.Zero
 

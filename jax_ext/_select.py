@@ -12,19 +12,15 @@ result; the primitive ``jax_ext_select`` takes
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax.typing import ArrayLike
+
 from . import _auto as _auto_mod, _compat, _config, _lowering
-
-if TYPE_CHECKING:
-    from jax.typing import ArrayLike
-
-    from ._types import AutoBroadcast
+from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 

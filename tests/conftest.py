@@ -15,6 +15,27 @@ settings.register_profile("long", deadline=None, max_examples=2000,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def _children_import_this_jax_ext():
+    """Tests start child Pythons (hostile inputs, sharding, examples) from other working
+    directories. They must import the jax_ext this process tests: under `python -m pytest`
+    from a source checkout with a build copied in, that is the checkout, which a child
+    would not find (it would take an installed, possibly stale, copy instead)."""
+    import importlib.util
+    import site
+    spec = importlib.util.find_spec("jax_ext")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    parent = os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+    sites = {os.path.abspath(p) for p in site.getsitepackages() + [site.getusersitepackages()]}
+    if parent in sites:
+        return  # an installed package: children find it anyway
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([parent] + paths)
+
+
+_children_import_this_jax_ext()
+
+
 def pytest_sessionstart(session):
     """Under .ci/sanitize.sh: the imported native module must be the sanitized build."""
     want = os.environ.get("JAX_EXT_EXPECT_SANITIZED")

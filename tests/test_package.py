@@ -229,3 +229,20 @@ def test_benchmark_console_script():
                        timeout=300, env=dict(os.environ, PYTHONWARNINGS="error::RuntimeWarning"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "usage" in r.stdout
+
+
+def test_public_signatures_are_annotated():
+    import typing
+
+    import jax
+    from jax.typing import ArrayLike
+    for fn in (jax_ext.select, jax_ext.where, jax_ext.where3, jax_ext.gather):
+        hints = typing.get_type_hints(fn)  # resolvable at run time, not only for mypy
+        assert hints.pop("return") is jax.Array, fn.__name__
+        assert all(hints[a] == ArrayLike for a in list(hints)[:1]), (fn.__name__, hints)
+    assert typing.get_args(typing.get_type_hints(jax_ext.select)["auto_broadcast"]) == (
+        "numpy", "none")
+    assert typing.get_args(typing.get_type_hints(jax_ext.implementation)["name"]) == (
+        "auto", "native", "lax")
+    assert os.path.isfile(os.path.join(PKG, "py.typed"))
+    assert os.path.isfile(os.path.join(PKG, "_jax_ext.pyi"))
