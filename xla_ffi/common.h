@@ -56,10 +56,8 @@ inline bool IsSubByte(ffi::DataType t) {
     case ffi::DataType::U1:
     case ffi::DataType::U2:
     case ffi::DataType::U4:
-    case ffi::DataType::F4E2M1FN:
-      return true;
-    default:
-      return false;
+    case ffi::DataType::F4E2M1FN: return true;
+    default: return false;
   }
 }
 

@@ -138,12 +138,12 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
                         ffi::Span<const int64_t> batch_shape) {
   const int64_t rank = static_cast<int64_t>(src_shape.size());
   if (rank < 2 || rank > kMaxRank)
-    return ffi::Error::InvalidArgument(Msg(op, "src rank " + std::to_string(rank) +
-                                                   " outside [2, " + std::to_string(kMaxRank) + "]"));
+    return ffi::Error::InvalidArgument(Msg(
+        op, "src rank " + std::to_string(rank) + " outside [2, " + std::to_string(kMaxRank) + "]"));
   if (dim < 0 || dim > rank - 2)
-    return ffi::Error::InvalidArgument(Msg(op, "dim " + std::to_string(dim) +
-                                                   " outside [0, " + std::to_string(rank - 2) +
-                                                   "] for src shape " + ShapeString(src_shape)));
+    return ffi::Error::InvalidArgument(Msg(op, "dim " + std::to_string(dim) + " outside [0, " +
+                                                   std::to_string(rank - 2) + "] for src shape " +
+                                                   ShapeString(src_shape)));
   g.rank = static_cast<int>(rank);
   g.dim = static_cast<int>(dim);
   int64_t acc = 1;
@@ -153,16 +153,16 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
     g.shape[d] = src_shape[d];
     g.stride[d] = acc;
     if (__builtin_mul_overflow(acc, src_shape[d], &acc))
-      return ffi::Error::InvalidArgument(Msg(op, "src shape " + ShapeString(src_shape) +
-                                                     " overflows 64 bits"));
+      return ffi::Error::InvalidArgument(
+          Msg(op, "src shape " + ShapeString(src_shape) + " overflows 64 bits"));
   }
   g.src_size = acc;
   g.last = src_shape[rank - 1];
   g.inner = 1;
   for (int64_t d = dim + 1; d < rank - 1; ++d)
     if (__builtin_mul_overflow(g.inner, src_shape[d], &g.inner))  // possible when last == 0
-      return ffi::Error::InvalidArgument(Msg(op, "src shape " + ShapeString(src_shape) +
-                                                     " overflows 64 bits"));
+      return ffi::Error::InvalidArgument(
+          Msg(op, "src shape " + ShapeString(src_shape) + " overflows 64 bits"));
   if (row_len < g.last)
     return ffi::Error::InvalidArgument(Msg(op, "row_len " + std::to_string(row_len) +
                                                    " is shorter than the last src dimension " +
@@ -173,8 +173,8 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
   const int64_t brank = static_cast<int64_t>(batch_shape.size());
   if (brank < 1 || brank > kMaxBatchRank)
     return ffi::Error::InvalidArgument(Msg(op, "batch rank " + std::to_string(brank) +
-                                                   " outside [1, " +
-                                                   std::to_string(kMaxBatchRank) + "]"));
+                                                   " outside [1, " + std::to_string(kMaxBatchRank) +
+                                                   "]"));
   g.brank = static_cast<int>(brank);
   g.batch = 1;
   for (int64_t d = 0; d < brank; ++d) {
@@ -191,10 +191,9 @@ ffi::Error CheckOperand(const char* op, const char* name, const Geometry& g,
                         ffi::Span<const int64_t> strides, int64_t slice, int64_t count,
                         std::array<int64_t, kMaxBatchRank>& out) {
   if (static_cast<int64_t>(strides.size()) != g.brank)
-    return ffi::Error::InvalidArgument(Msg(op, std::string(name) + " batch strides " +
-                                                   ShapeString(strides) +
-                                                   " do not match the batch rank " +
-                                                   std::to_string(g.brank)));
+    return ffi::Error::InvalidArgument(
+        Msg(op, std::string(name) + " batch strides " + ShapeString(strides) +
+                    " do not match the batch rank " + std::to_string(g.brank)));
   int64_t m = 0;
   for (int d = 0; d < g.brank; ++d) {
     if (strides[d] < 0)
@@ -279,8 +278,8 @@ ffi::Error CheckIndexOperands(const char* op, const Geometry& g, const ffi::AnyB
                               std::array<int64_t, kMaxBatchRank>& nst) {
   if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
     return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
-  if (auto e = CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
-                            offsets.element_count(), ost);
+  if (auto e =
+          CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1, offsets.element_count(), ost);
       e.failure())
     return e;
   if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
@@ -376,8 +375,8 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
             T* orow = o + u * row_out;
             auto stage = [&](int64_t j) {
               int64_t r;
-              const T* q = RowOf(rb, ix[j], check_bounds, &r) ? s + (rb.base + r) * row_src
-                                                               : nullptr;
+              const T* q =
+                  RowOf(rb, ix[j], check_bounds, &r) ? s + (rb.base + r) * row_src : nullptr;
               ring[j & (kRing - 1)] = q;
               if (q) PrefetchBytes(q, RB > 0 ? RB : row_bytes);
             };
@@ -414,12 +413,18 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
         });
       };
       using std::integral_constant;
-      if (L == last && row_bytes == 32) run(integral_constant<int64_t, 32>{});
-      else if (L == last && row_bytes == 64) run(integral_constant<int64_t, 64>{});
-      else if (L == last && row_bytes == 128) run(integral_constant<int64_t, 128>{});
-      else if (L == last && row_bytes == 256) run(integral_constant<int64_t, 256>{});
-      else if (L == last && row_bytes == 512) run(integral_constant<int64_t, 512>{});
-      else run(integral_constant<int64_t, 0>{});
+      if (L == last && row_bytes == 32)
+        run(integral_constant<int64_t, 32>{});
+      else if (L == last && row_bytes == 64)
+        run(integral_constant<int64_t, 64>{});
+      else if (L == last && row_bytes == 128)
+        run(integral_constant<int64_t, 128>{});
+      else if (L == last && row_bytes == 256)
+        run(integral_constant<int64_t, 256>{});
+      else if (L == last && row_bytes == 512)
+        run(integral_constant<int64_t, 512>{});
+      else
+        run(integral_constant<int64_t, 0>{});
       return ffi::Error::Success();
     });
   });
@@ -475,15 +480,15 @@ inline uint16_t F32ToF16(float f) {
 enum class Conv { kNone, kF16, kBF16 };
 
 template <typename Acc, Conv C>
-ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data,
-                      void* out_data, int64_t out_elems, int scale, const int64_t* targets,
-                      const uint64_t* seen, int64_t total_rows) {
+ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data, void* out_data,
+                      int64_t out_elems, int scale, const int64_t* targets, const uint64_t* seen,
+                      int64_t total_rows) {
   using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
-  const int64_t E = g.inner * g.last * scale;     // Acc values per src row
-  const int64_t L = g.row_len * scale;            // Acc values per padded ct sub-row
+  const int64_t E = g.inner * g.last * scale;  // Acc values per src row
+  const int64_t L = g.row_len * scale;         // Acc values per padded ct sub-row
   const int64_t last = g.last * scale;
-  const int64_t row_ct = g.inner * L;             // Acc values per ct row
-  const int64_t out_n = out_elems * scale;        // Acc values in the output
+  const int64_t row_ct = g.inner * L;       // Acc values per ct row
+  const int64_t out_n = out_elems * scale;  // Acc values in the output
   const Stored* ct = static_cast<const Stored*>(ct_data);
   // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
   // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
@@ -506,32 +511,37 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   }
   {
     const int64_t out_rows = E > 0 ? out_n / E : 0;
-    ParallelFor(pool, out_rows, std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
-                [&](int64_t rb, int64_t re) {
-                  for (int64_t t = rb; t < re;) {
-                    if (seen[t >> 6] >> (t & 63) & 1) {
-                      ++t;
-                      continue;
-                    }
-                    int64_t z = t + 1;
-                    while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
-                      if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
-                        z += 64;
-                      else
-                        ++z;
-                    }
-                    ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
-                    t = z;
-                  }
-                  if (stream) StreamFence();
-                });
+    ParallelFor(
+        pool, out_rows,
+        std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
+        [&](int64_t rb, int64_t re) {
+          for (int64_t t = rb; t < re;) {
+            if (seen[t >> 6] >> (t & 63) & 1) {
+              ++t;
+              continue;
+            }
+            int64_t z = t + 1;
+            while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
+              if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
+                z += 64;
+              else
+                ++z;
+            }
+            ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
+            t = z;
+          }
+          if (stream) StreamFence();
+        });
     if (out_rows * E < out_n)
       std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
   }
   auto load = [](Stored v) -> Acc {
-    if constexpr (C == Conv::kF16) return F16ToF32(v);
-    else if constexpr (C == Conv::kBF16) return Bf16ToF32(v);
-    else return v;
+    if constexpr (C == Conv::kF16)
+      return F16ToF32(v);
+    else if constexpr (C == Conv::kBF16)
+      return Bf16ToF32(v);
+    else
+      return v;
   };
   // Adds columns [c0, c1) of ct row u into output row t (stores them into a zero when
   // this is the row's first contribution).
@@ -617,18 +627,16 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   if constexpr (C != Conv::kNone) {
     uint16_t* o = static_cast<uint16_t*>(out_data);
     ParallelFor(pool, out_n, kMinChunkBytes / 4, [&](int64_t b, int64_t e) {
-      for (int64_t x = b; x < e; ++x)
-        o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
+      for (int64_t x = b; x < e; ++x) o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
     });
   }
   return ffi::Error::Success();
 }
 
 ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
-                          ffi::AnyBuffer index, ffi::AnyBuffer num,
-                          ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> src_shape,
-                          int64_t dim, int64_t row_len, int64_t n, bool check_bounds,
-                          ffi::Span<const int64_t> batch_shape,
+                          ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Span<const int64_t> src_shape, int64_t dim, int64_t row_len,
+                          int64_t n, bool check_bounds, ffi::Span<const int64_t> batch_shape,
                           ffi::Span<const int64_t> out_bstrides,
                           ffi::Span<const int64_t> offsets_bstrides,
                           ffi::Span<const int64_t> index_bstrides,
@@ -653,10 +661,9 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
       __builtin_mul_overflow(total_rows, row_ct, &total) ||
       total != static_cast<int64_t>(ct.element_count()))
     return ffi::Error::InvalidArgument(
-        Msg(op, "the cotangent has " + std::to_string(ct.element_count()) +
-                    " elements, expected " + std::to_string(g.batch) + " x " +
-                    std::to_string(g.n) + " x " + std::to_string(g.inner) + " x " +
-                    std::to_string(g.row_len)));
+        Msg(op, "the cotangent has " + std::to_string(ct.element_count()) + " elements, expected " +
+                    std::to_string(g.batch) + " x " + std::to_string(g.n) + " x " +
+                    std::to_string(g.inner) + " x " + std::to_string(g.row_len)));
   const int64_t out_elems = static_cast<int64_t>(out->element_count());
   if (out_elems == 0) return ffi::Error::Success();
   const int64_t row_src = g.inner * g.last;
@@ -774,13 +781,13 @@ ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer
   v2::GatherGeometry g;
   std::vector<int64_t> st[5];
   if (auto e = v2::GatherFromBuffers(src.dimensions(), offsets.dimensions(), index.dimensions(),
-                                     num.dimensions(), pad.dimensions(), out->dimensions(),
-                                     nbatch, dim, g, st);
+                                     num.dimensions(), pad.dimensions(), out->dimensions(), nbatch,
+                                     dim, g, st);
       e.failure())
     return e;
-  return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim,
-                    g.row_len, g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]),
-                    v2::Of(st[1]), v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
+  return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim, g.row_len,
+                    g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
+                    v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
 }
 
 ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,

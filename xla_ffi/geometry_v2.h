@@ -60,8 +60,8 @@ inline ffi::Error SelectFromBuffers(Dims out, const Dims operands[3], const Dims
     if (maps[k].size() != operands[k].size())
       return Bad("select", std::string(names[k]) + " has rank " +
                                std::to_string(operands[k].size()) + " but its dim map " +
-                               ShapeString(maps[k]) + " names " +
-                               std::to_string(maps[k].size()) + " dims");
+                               ShapeString(maps[k]) + " names " + std::to_string(maps[k].size()) +
+                               " dims");
     std::vector<int64_t> dense;
     if (!DenseStrides(operands[k], dense))
       return Bad("select", std::string("bad shape of ") + names[k]);
@@ -128,8 +128,8 @@ inline ffi::Error BatchShape(const char* op, int64_t nbatch, std::initializer_li
   bshape.assign(static_cast<size_t>(nbatch), 1);
   for (Dims d : all) {
     if (static_cast<int64_t>(d.size()) < nbatch)
-      return Bad(op, "an operand " + ShapeString(d) + " has fewer than nbatch = " +
-                         std::to_string(nbatch) + " dims");
+      return Bad(op, "an operand " + ShapeString(d) +
+                         " has fewer than nbatch = " + std::to_string(nbatch) + " dims");
     for (int64_t j = 0; j < nbatch; ++j) {
       if (d[j] == 1) continue;
       if (bshape[j] != 1 && bshape[j] != d[j])
@@ -189,8 +189,9 @@ inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num
       return Bad(op, "result " + ShapeString(out) + " does not carry the full batch");
   bool ok = out[nbatch] == g.n;
   for (int64_t d = dim + 1; d < srank - 1; ++d) ok = ok && out[nbatch + d - dim] == g.src_shape[d];
-  if (!ok) return Bad(op, "result " + ShapeString(out) + " does not fit src " + ShapeString(src) +
-                              " and index " + ShapeString(index));
+  if (!ok)
+    return Bad(op, "result " + ShapeString(out) + " does not fit src " + ShapeString(src) +
+                       " and index " + ShapeString(index));
   g.row_len = out[out.size() - 1];
   return ffi::Error::Success();
 }
@@ -201,8 +202,7 @@ inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num
                                      int64_t nbatch, int64_t dim, GatherGeometry& g,
                                      std::vector<int64_t> bstrides[4]) {
   const char* op = "scatter_add";
-  if (auto e = BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape);
-      e.failure())
+  if (auto e = BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape); e.failure())
     return e;
   const int64_t srank = static_cast<int64_t>(out.size()) - nbatch;
   if (srank < 2 || dim < 0 || dim > srank - 2)

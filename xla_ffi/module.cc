@@ -12,7 +12,7 @@ extern "C" XLA_FFI_Error* ScatterAddHandler(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* SelectV2Handler(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* GatherV2Handler(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* ScatterAddV2Handler(XLA_FFI_CallFrame*);
-}
+}  // namespace jax_ext
 
 namespace {
 nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {

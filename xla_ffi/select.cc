@@ -130,10 +130,10 @@ int64_t MaxOffset(const Geometry& g, int k) {
   return m;
 }
 
-ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x,
-                      ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
-                      ffi::Span<const int64_t> shape, ffi::Span<const int64_t> cond_strides,
-                      ffi::Span<const int64_t> x_strides, ffi::Span<const int64_t> y_strides) {
+ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x, ffi::AnyBuffer y,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> shape,
+                      ffi::Span<const int64_t> cond_strides, ffi::Span<const int64_t> x_strides,
+                      ffi::Span<const int64_t> y_strides) {
   const ffi::Span<const int64_t> strides[3] = {cond_strides, x_strides, y_strides};
   const char* names[3] = {"cond", "x", "y"};
   const int64_t rank = static_cast<int64_t>(shape.size());
