@@ -191,7 +191,7 @@ def consumers(prim: Any) -> tuple[bool, str]:
 def static_nbytes(aval: Any) -> int | None:
     """Bytes of an array, or None when a dimension is symbolic (jax.export)."""
     try:
-        return int(math.prod(int(d) for d in aval.shape)) * aval.dtype.itemsize
+        return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
     except Exception:
         return None
 

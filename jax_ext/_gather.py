@@ -25,7 +25,6 @@ dims, 1 where several batch elements accumulate into one result).
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,7 +71,7 @@ def _int_scalar(v, what: str, fn: str):
         a = jnp.asarray(v)
     except (TypeError, ValueError) as e:  # ValueError: None
         raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
-                        f"{type(v).__name__}: {e}")
+                        f"{type(v).__name__}: {e}") from None
     if not _is_int_dtype(a.dtype):
         raise TypeError(f"{fn}: {what} must have an integer dtype, got {a.dtype} with shape "
                         f"{_fmt(a.shape)}")
@@ -256,11 +255,13 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
                              f"{src.dtype}: {e}") from None
         except (TypeError, ValueError) as e:  # ValueError: a ragged list
-            raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}: {e}")
+            raise TypeError(f"{fn}: pad_value must be a scalar, got "
+                            f"{type(pad_value).__name__}: {e}") from None
         if p.ndim != 0:
             raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
                              f"({p.dtype})")
-        if isinstance(pad_value, (int, float, complex, bool)) and not isinstance(pad_value, np.generic):
+        if (isinstance(pad_value, (int, float, complex, bool))
+                and not isinstance(pad_value, np.generic)):
             try:
                 pad = jnp.asarray(pad_value, dtype=src.dtype)
             except (OverflowError, ValueError) as e:  # ValueError: NaN into an integer
@@ -445,7 +446,7 @@ def _batch_lin(ashape, bshape):
     st = _lowering.dense_strides(ashape)
     c = _carrier()
     lin = jnp.zeros(bshape, c)
-    for j, (a, b) in enumerate(zip(ashape, bshape)):
+    for j, a in enumerate(ashape):
         if a != 1:
             lin = lin + lax.broadcasted_iota(c, bshape, j) * st[j]
     return lin

@@ -66,14 +66,14 @@ def is_extended(v) -> bool:
     if dt is None:
         return False
     try:
-        return (jax.dtypes.issubdtype(dt, jax.dtypes.extended)
+        return (jnp.issubdtype(dt, jax.dtypes.extended)
                 or dt == jax.dtypes.float0)
     except TypeError:
         return False
 
 
 def is_key(v) -> bool:
-    return is_extended(v) and jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key)
+    return is_extended(v) and jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
 
 
 def check_extended(v, arg: str, fn: str) -> None:

@@ -313,7 +313,8 @@ def _cpu_model() -> str:
 
 
 def machine_info(impl: str) -> dict:
-    import jaxlib
+    from importlib.metadata import version
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -325,7 +326,7 @@ def machine_info(impl: str) -> dict:
         ort = None
     return dict(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpu=_cpu_model(), cores=cores, machine=platform.machine(),
-                jax=jax.__version__, jaxlib=jaxlib.__version__, numpy=np.__version__,
+                jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
                 onnxruntime=ort, jax_ext=jax_ext.__version__,
                 native=jax_ext.native_available())
 

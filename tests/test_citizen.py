@@ -94,7 +94,7 @@ def test_gather_vmap_zero_batch_all_31_operand_patterns(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_issue_snippets_zero_batch_gather(impl):
-    src = jnp.ones((4, 3), jnp.float32); idx = jnp.array([0, 5])
+    src, idx = jnp.ones((4, 3), jnp.float32), jnp.array([0, 5])
     with jax_ext.implementation(impl):
         a = jax.vmap(lambda i: jax_ext.gather(src, [0], 0, i))(jnp.zeros((0, 3), jnp.int32))
         b = jax.vmap(lambda s: jax_ext.gather(s, [0], 0, idx))(jnp.zeros((0, 4, 3), jnp.float32))
@@ -164,7 +164,7 @@ def test_selects_vmap_zero_batch_all_axes_patterns(impl):
     """Every in_axes pattern over (0, 1, None) for each select at 0 examples, forward and
     gradient, in one jitted program, against jnp.where's shapes."""
     calls = []
-    for name, (fn, shapes) in sorted(_SELECTS.items()):
+    for _name, (fn, shapes) in sorted(_SELECTS.items()):
         for axes in itertools.product((0, 1, None), repeat=3):
             axes = tuple(None if ax is None or ax > len(sh) else ax for ax, sh in zip(axes, shapes))
             if all(a is None for a in axes):
@@ -179,7 +179,7 @@ def test_selects_vmap_zero_batch_all_axes_patterns(impl):
                           in_axes=ax)(*a)) for (fn, ax, _), a in zip(calls, all_args)]
     with jax_ext.implementation(impl):
         outs = jax.jit(run)([c[2] for c in calls])
-    for (fn, ax, a), (fwd, g) in zip(calls, outs):
+    for (_fn, ax, a), (fwd, g) in zip(calls, outs):
         want = jax.eval_shape(jax.vmap(_ref_where, in_axes=ax), *a)
         gw = jax.eval_shape(jax.vmap(jax.grad(lambda c, x, y: _ref_where(c, x, y).sum(),
                                               argnums=(1, 2)), in_axes=ax), *a)
