@@ -518,15 +518,18 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     n = index.shape[-1]
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
-    inner, rows = math.prod(mid), math.prod(src_shape[:dim + 1])
+    rows = math.prod(src_shape[:dim + 1])
     total = math.prod(out_bshape) * rows
     acc = _acc_dtype(ct.dtype)
     valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
     valid = jnp.broadcast_to(valid, bshape + (n,))
     ids = _batch_lin(tuple(out_bshape), bshape)[..., None] * rows + row
     ids = jnp.where(valid, ids, total).reshape(-1)  # out of range: dropped
-    upd = ct[..., :last].reshape((-1, inner, last)).astype(acc)
-    out = jnp.zeros((total, inner, last), acc).at[ids].add(upd, mode="drop")
+    # Rows keep their own shape (no merged middle dim): a reshape XLA cannot make a bitcast
+    # would copy the whole cotangent first.
+    row_shape = mid + (last,)
+    upd = ct[..., :last].reshape((-1,) + row_shape).astype(acc)
+    out = jnp.zeros((total,) + row_shape, acc).at[ids].add(upd, mode="drop")
     return out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
 
 
