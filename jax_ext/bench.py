@@ -369,7 +369,8 @@ def main(argv=None):
     cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]]
     meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
                                        loadavg_start=list(os.getloadavg()))
-    print(f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {meta['date']} | "
+    native = "native module loaded" if meta["native"] else "NO native module"
+    print(f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {native} | {meta['date']} | "
           f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
           f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {len(cases)} cases x "
           f"{len(patterns)} patterns, {rounds} alternating rounds | "
