@@ -121,9 +121,10 @@ def _run_child(tmp_path, jobs):
     # .ci/sanitize.sh, which runs python -P), not whatever lies on its working directory.
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
     env = dict(os.environ, PYTHONPATH=pkg_parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    flags = ["-P"] if sys.flags.safe_path else []
-    r = subprocess.run([sys.executable, *flags, "-c", _CHILD, str(src), str(dst)], env=env,
-                       capture_output=True, text=True, timeout=600)
+    # -P and a working directory of its own: `python -c` would otherwise put the directory
+    # pytest started in first on sys.path, and a clone's root holds the unbuilt source tree.
+    r = subprocess.run([sys.executable, "-P", "-c", _CHILD, str(src), str(dst)], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(dst, "rb") as f:
         return pickle.load(f)
