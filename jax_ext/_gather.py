@@ -110,6 +110,18 @@ def _maybe_le(a, b) -> bool:
         return True
 
 
+def _align_bytes(align_bytes, unit: int, what: str, fn: str):
+    """align_bytes as an int (or None), checked: a positive multiple of `unit` bytes (an
+    element, or one key), at most 2**31."""
+    if align_bytes is None:
+        return None
+    ab = _static_int(align_bytes)
+    if ab is None or ab <= 0 or ab % unit or ab > 2 ** 31:
+        raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of {what} "
+                         f"up to 2**31, got {align_bytes!r}")
+    return ab
+
+
 def _row_len(last: int, itemsize: int, align_bytes) -> int:
     if align_bytes is None:
         return last
@@ -274,13 +286,8 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             pad = p.astype(src.dtype)
     # align_bytes
     itemsize = np.dtype(src.dtype).itemsize
-    if align_bytes is not None:
-        ab = _static_int(align_bytes)
-        if ab is None or ab <= 0 or ab % itemsize or ab > 2 ** 31:
-            raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of src's "
-                             f"itemsize {itemsize} ({src.dtype}) up to 2**31, got "
-                             f"{align_bytes!r}")
-        align_bytes = ab
+    align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
+                               fn)
     L = _row_len(src.shape[-1], itemsize, align_bytes)
     return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=_select._dim(L),
                          check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
@@ -302,12 +309,7 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
     data = jax.random.key_data(src)
     k = data.shape[-1]
     key_bytes = k * data.dtype.itemsize
-    if align_bytes is not None:
-        ab = _static_int(align_bytes)
-        if ab is None or ab <= 0 or ab % key_bytes or ab > 2 ** 31:
-            raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of one key's "
-                             f"size {key_bytes} bytes ({src.dtype}) up to 2**31, got "
-                             f"{align_bytes!r}")
+    _align_bytes(align_bytes, key_bytes, f"one key's size {key_bytes} bytes ({src.dtype})", fn)
     if src.ndim < 2 or _static_int(dim) is None or not 0 <= _static_int(dim) < src.ndim - 1:
         try:  # the usual dim errors, told in terms of the key array
             jax.eval_shape(lambda: gather(jnp.zeros(src.shape, np.uint8), offsets, dim, index))
