@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import threading
 import warnings
@@ -60,17 +61,19 @@ def register_batcher(prim, rule):
         return rule(axis_data.size, args, bdims, **params)
 
     table = getattr(batching, "fancy_primitive_batchers", None)
-    if table is not None:
-        table[prim] = batcher
-    else:  # older layout: positional (args, dims) batchers without the axis size
+    if table is None:
         raise RuntimeError("jax_ext: this jax has no fancy_primitive_batchers")
+    table[prim] = batcher
+
+
+# Whether this jax's register_lowering has the `cacheable` switch, asked once.
+_LOWERING_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
 
 
 def register_lowering(prim, rule, *, platform, cacheable: bool):
-    try:
-        mlir.register_lowering(prim, rule, platform=platform, cacheable=cacheable)
-    except TypeError:  # a jax without the `cacheable` switch
-        mlir.register_lowering(prim, rule, platform=platform)
+    """mlir.register_lowering for `platform`; `cacheable` is passed where jax has it."""
+    kw = {"cacheable": cacheable} if _LOWERING_CACHEABLE else {}
+    mlir.register_lowering(prim, rule, platform=platform, **kw)
 
 
 def enclosing_equations(limit: int = 64) -> list:
@@ -210,7 +213,8 @@ def explicit_axes(mesh) -> bool:
 
 
 def spec_entries(aval) -> tuple:
-    """The PartitionSpec entry of every dim of `aval` (None where unsharded or unknown)."""
+    """The PartitionSpec entry of every dim of `aval` (an aval, or anything with `ndim`
+    and `sharding`, such as a ShapeDtypeStruct): None where unsharded or unknown."""
     try:
         spec = tuple(aval.sharding.spec)
     except Exception:
