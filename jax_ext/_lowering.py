@@ -102,12 +102,7 @@ def merge_specs(what: str, candidates) -> list:
     return out
 
 
-def _spec_of(sharding, ndim):
-    spec = tuple(getattr(sharding, "spec", None) or ())
-    return spec + (None,) * (ndim - len(spec))
-
-
-def _partitioned(ctx, mesh_shape, raw, spmd, args, params):
+def _partitioned(ctx, raw, spmd, args, params):
     """Lowers `raw` (the unpartitioned primitive, same operands and params) through
     custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
     back into spmd.partition to lower one shard."""
@@ -119,7 +114,7 @@ def _partitioned(ctx, mesh_shape, raw, spmd, args, params):
     fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
 
     def partition(mesh, arg_shapes, result_shape):
-        o = _spec_of(result_shape.sharding, aval_out.ndim)
+        o = _compat.spec_entries(result_shape)
         in_specs, out_spec, local = spmd.partition(o, dict(mesh.shape), avals_in, aval_out,
                                                    **params)
         return (mesh, lambda *a: local(bind, *a), NamedSharding(mesh, PartitionSpec(*out_spec)),
@@ -167,9 +162,8 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
         use, why = choose(ctx, args, params)
         out = None
         if use:
-            mesh_shape = _compat.spmd_mesh_shape(ctx) if raw is not None else None
-            if mesh_shape is not None:
-                out = _partitioned(ctx, mesh_shape, raw, spmd, args, params | extra(ctx, args))
+            if raw is not None and _compat.spmd_mesh_shape(ctx) is not None:
+                out = _partitioned(ctx, raw, spmd, args, params | extra(ctx, args))
             else:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
