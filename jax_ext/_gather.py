@@ -33,7 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from . import _auto as _auto_mod, _compat, _config, _lowering, _select
+from . import _auto as _auto_mod, _compat, _config, _lowering
+from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, result_dim,
+                      sum_to_shape)
 
 Zero = _compat.Zero
 
@@ -42,10 +44,6 @@ gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *arg
 scatter_add_p = _compat.Primitive("jax_ext_scatter_add")
 scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
-
-def _fmt(shape) -> str:
-    return _select._fmt(shape)
-
 
 def _is_int_dtype(dt) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
@@ -96,8 +94,7 @@ def _to_carrier(a, *, saturate_to=None):
     top = np.iinfo(c).max if saturate_to is None else min(saturate_to, np.iinfo(c).max)
     if a.dtype.kind == "u" and a.dtype.itemsize >= c.itemsize:
         a = jnp.minimum(a, np.array(top, a.dtype))
-    elif saturate_to is not None and a.dtype.itemsize > c.itemsize:  # cannot happen today
-        a = jnp.clip(a, np.iinfo(c).min, top)
+    # Any other integer array converts exactly: jax makes none wider than the carrier.
     return a.astype(c)
 
 
@@ -127,17 +124,6 @@ def _row_len(last: int, itemsize: int, align_bytes) -> int:
         return last
     nbytes = last * itemsize
     return -(-nbytes // align_bytes) * align_bytes // itemsize
-
-
-def _array(v, what: str, fn: str):
-    """jnp.asarray(v), or a TypeError saying `what` (strings are never arrays here:
-    jnp.asarray(b"\\x00") would be an array of True; None raises ValueError in jnp)."""
-    if isinstance(v, (str, bytes)):
-        raise TypeError(f"{fn}: {what}, got {type(v).__name__}")
-    try:
-        return jnp.asarray(v)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{fn}: {what}, got {type(v).__name__}: {e}") from None
 
 
 def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
@@ -190,11 +176,11 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
       ``num_indices`` get none.
     """
     fn = "gather"
-    if _select.is_extended(src):
+    if is_extended(src):
         return _gather_keys(src, offsets, dim, index, check_bounds=check_bounds,
                             num_indices=num_indices, pad_value=pad_value,
                             align_bytes=align_bytes)
-    src = _array(src, "src must be an array", fn)
+    src = as_array(src, "src must be an array", fn)
     # dim
     d = _static_int(dim)
     if d is None:
@@ -235,7 +221,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             offs.append(_to_carrier(a))
     offsets_arr = jnp.stack(offs)
     # index
-    index = _array(index, "index must be an integer array", fn)
+    index = as_array(index, "index must be an integer array", fn)
     if index.ndim != 1:
         raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
                          f"({index.dtype})")
@@ -289,7 +275,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
                                fn)
     L = _row_len(src.shape[-1], itemsize, align_bytes)
-    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=_select._dim(L),
+    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
                          check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
 
 
@@ -301,7 +287,7 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
     multiple of one key's size (k * 4 bytes); padded positions (and out-of-range rows)
     hold the key whose data is all zeros, so pad_value must be None."""
     fn = "gather"
-    _select.check_extended(src, "src", fn)
+    check_extended(src, "src", fn)
     if pad_value is not None:
         raise TypeError(f"{fn}: pad_value must be None for a key array src {_fmt(src.shape)} "
                         f"({src.dtype}): padded positions hold the all-zero key")
@@ -604,6 +590,12 @@ def _batch_factors(k, a, bshape, names):
     return [names[j] if a.shape[j] == bshape[j] else f"z{k}_{j}" for j in range(len(bshape))]
 
 
+def _batch_spec(o, a, bshape):
+    """The batch part of operand `a`'s spec: the result's entry `o[j]` where `a` has the
+    full batch extent, None where it is broadcast (size 1)."""
+    return [o[j] if a.shape[j] == bshape[j] else None for j in range(len(bshape))]
+
+
 def _nonunit(o, shape):
     return [None if n == 1 else e for n, e in zip(shape, o)]
 
@@ -636,10 +628,10 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     o = _nonunit(o, aval_out.shape)
     if not shared:
         o[-1] = None
-    bspec = lambda a: [o[j] if a.shape[j] == bshape[j] else None for j in range(nbatch)]  # noqa: E731
-    in_specs = [bspec(src) + [None] * (dim + 1) + o[nbatch + 1:],
-                bspec(avals_in[1]) + [None], bspec(avals_in[2]) + [o[nbatch]],
-                bspec(avals_in[3]), bspec(avals_in[4])]
+    in_specs = [_batch_spec(o, a, bshape) for a in avals_in]
+    in_specs[0] += [None] * (dim + 1) + o[nbatch + 1:]
+    in_specs[1] += [None]
+    in_specs[2] += [o[nbatch]]
     local_row_len = _lowering.local_size(row_len, o[-1], mesh_shape)
     n_axes, n_local = o[nbatch], _lowering.local_size(n, o[nbatch], mesh_shape)
 
@@ -684,9 +676,10 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     o[nbatch:nbatch + dim + 1] = [None] * (dim + 1)
     if not shared:
         o[-1] = None
-    bspec = lambda a: [o[j] if a.shape[j] == bshape[j] else None for j in range(nbatch)]  # noqa: E731
-    in_specs = [bspec(ct) + [None] + o[nbatch + dim + 1:], bspec(avals_in[1]) + [None],
-                bspec(avals_in[2]) + [None], bspec(avals_in[3])]
+    in_specs = [_batch_spec(o, a, bshape) for a in avals_in]
+    in_specs[0] += [None] + o[nbatch + dim + 1:]
+    in_specs[1] += [None]
+    in_specs[2] += [None]
     loc = [_lowering.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
     local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
 
@@ -770,11 +763,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
         mask = _pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
         masked = jnp.where(mask, ct, jnp.zeros((), ct.dtype))
         t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
-        pshape = pad.aval.shape
-        ones = tuple(j for j in range(nbatch) if pshape[j] == 1 and t.shape[j] != 1)
-        if ones:
-            t = jnp.sum(t, axis=ones, keepdims=True)
-        outs[4] = t.astype(pad.aval.dtype)
+        outs[4] = sum_to_shape(t, pad.aval.shape).astype(pad.aval.dtype)
     return outs
 
 

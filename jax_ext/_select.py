@@ -20,6 +20,8 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from . import _auto as _auto_mod, _compat, _config, _lowering
+from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, is_key,
+                      result_dim, sum_to_shape)
 from ._types import AutoBroadcast
 
 Zero = _compat.Zero
@@ -32,20 +34,10 @@ _SCALAR_TYPES = (bool, int, float, complex)
 
 # --- front-end helpers --------------------------------------------------------------
 
-def _fmt(shape) -> str:
-    return str(tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in shape))
-
-
 def _as_array(v, arg: str, fn: str):
     if isinstance(v, _SCALAR_TYPES) and not isinstance(v, np.generic):
         return v  # a weakly typed Python scalar: typed later against the other operand
-    if isinstance(v, (str, bytes)):  # jnp.asarray(b"\x00") is True: never an array here
-        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}")
-    try:
-        return jnp.asarray(v)
-    except (TypeError, ValueError) as e:  # ValueError: None, ragged nested lists
-        raise TypeError(f"{fn}: {arg} must be an array or a scalar, got {type(v).__name__}: "
-                        f"{e}") from None
+    return as_array(v, f"{arg} must be an array or a scalar", fn)
 
 
 def _condition(c, arg: str, fn: str):
@@ -58,31 +50,6 @@ def _condition(c, arg: str, fn: str):
         raise TypeError(f"{fn}: {arg} must have dtype bool, got {c.dtype} with shape "
                         f"{_fmt(c.shape)}")
     return c
-
-
-def is_extended(v) -> bool:
-    """A value with an extended dtype (PRNG key arrays) or float0: no numpy dtype."""
-    dt = getattr(v, "dtype", None)
-    if dt is None:
-        return False
-    try:
-        return (jnp.issubdtype(dt, jax.dtypes.extended)
-                or dt == jax.dtypes.float0)
-    except TypeError:
-        return False
-
-
-def is_key(v) -> bool:
-    return is_extended(v) and jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
-
-
-def check_extended(v, arg: str, fn: str) -> None:
-    """Typed PRNG key arrays move as their key data; any other extended dtype (and
-    float0) has no data jax_ext could move: TypeError."""
-    if is_extended(v) and not is_key(v):
-        raise TypeError(f"{fn}: {arg} has dtype {v.dtype}, which jax_ext does not support: of "
-                        "the extended dtypes only typed PRNG key arrays (jax.random.key) can "
-                        "be selected or gathered")
 
 
 def _key_values(x, y, names, fn):
@@ -170,13 +137,8 @@ def _bind(cond, x, y, out_shape, dims):
         out = _bind(cond, xd, yd, tuple(out_shape) + (xd.shape[-1],),
                     (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)))
         return jax.random.wrap_key_data(out, impl=impl)
-    return select_p.bind(cond, x, y, out_shape=tuple(_dim(d) for d in out_shape),
+    return select_p.bind(cond, x, y, out_shape=tuple(result_dim(d) for d in out_shape),
                          dims=tuple(tuple(d) for d in dims), impl=_config.current())
-
-
-def _dim(d):
-    """A result extent as a Python int, or a symbolic dim (jax.export) as it is."""
-    return int(d) if isinstance(d, (int, np.integer)) else d
 
 
 # --- public front-ends --------------------------------------------------------------
@@ -391,10 +353,7 @@ def _unbroadcast(t, shape, d, out_shape):
     t = jnp.sum(t, axis=tuple(o for o in range(len(out_shape)) if o not in d))
     kept = sorted(d)
     t = lax.transpose(t, [kept.index(o) for o in d])  # into the operand's dim order
-    ones = tuple(j for j in range(len(shape)) if shape[j] == 1 and t.shape[j] != 1)
-    if ones:
-        t = jnp.sum(t, axis=ones, keepdims=True)
-    return t
+    return sum_to_shape(t, shape)
 
 
 def _transpose(ct, cond, x, y, *, out_shape, dims, impl):
