@@ -39,11 +39,9 @@ from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, 
 
 Zero = _compat.Zero
 
+# The primitives; their rules are registered at the end, one block each.
 gather_p = _compat.Primitive("jax_ext_gather")
-gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
 scatter_add_p = _compat.Primitive("jax_ext_scatter_add")
-scatter_add_p.def_impl(
-    lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 
 def _is_int_dtype(dt) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
@@ -380,10 +378,6 @@ def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshap
                                 dtype=ct.dtype, weak_type=bool(ct.weak_type))
 
 
-gather_p.def_abstract_eval(_gather_abstract_eval)
-scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
-
-
 # --- which rows are real: shared by the lax paths, the JVP and the pad gradient -----
 
 def _rows(offsets, index, num, *, sshape, dim, check_bounds):
@@ -710,12 +704,6 @@ def _scatter_auto(ctx, *args, **params):
     return ok, what + ("; XLA's scatter does not fuse either" if ok else "")
 
 
-_lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
-                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
-_lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, _scatter_auto,
-                   spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
-
-
 # --- autodiff ---------------------------------------------------------------------------
 
 def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
@@ -794,12 +782,6 @@ def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bsha
     return [g, None, None, None]
 
 
-_compat.ad.primitive_jvps[gather_p] = _gather_jvp
-_compat.ad.primitive_transposes[gather_p] = _gather_transpose
-_compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
-_compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
-
-
 # --- batching ---------------------------------------------------------------------------
 
 def _lead(x, bd):
@@ -830,5 +812,21 @@ def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_
     return out, 0
 
 
+# --- registration: every rule of each primitive -------------------------------------
+
+gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
+gather_p.def_abstract_eval(_gather_abstract_eval)
+_lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
+                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
+_compat.ad.primitive_jvps[gather_p] = _gather_jvp
+_compat.ad.primitive_transposes[gather_p] = _gather_transpose
 _compat.register_batcher(gather_p, _gather_batch)
+
+scatter_add_p.def_impl(
+    lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
+scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
+_lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, _scatter_auto,
+                   spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
+_compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
+_compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
 _compat.register_batcher(scatter_add_p, _scatter_batch)

@@ -26,8 +26,7 @@ from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 
-select_p = _compat.Primitive("jax_ext_select")
-select_p.def_impl(lambda *args, **params: _compat.apply_primitive(select_p, *args, **params))
+select_p = _compat.Primitive("jax_ext_select")  # its rules are registered at the end
 
 _SCALAR_TYPES = (bool, int, float, complex)
 
@@ -236,9 +235,6 @@ def _abstract_eval(cond, x, y, *, out_shape, dims, impl):
                                 weak_type=bool(x.weak_type and y.weak_type))
 
 
-select_p.def_abstract_eval(_abstract_eval)
-
-
 def _operand_strides(shape, d, out_shape):
     """Element strides of an operand over out_shape (0 along broadcast dimensions)."""
     st, dense = [0] * len(out_shape), _lowering.dense_strides(shape)
@@ -323,10 +319,6 @@ def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
                                          AUTO_MIN_BYTES)
 
 
-_lowering.register(select_p, "select", _lax_impl, _native_lowering, _auto,
-                   inspects_operands=True, spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
-
-
 def _zero_scalar(dtype):
     return jnp.zeros((), dtype)
 
@@ -390,6 +382,12 @@ def _batch(axis_size, args, bdims, *, out_shape, dims, impl):
     return out, 0
 
 
+# --- registration: every rule of jax_ext_select -------------------------------------
+
+select_p.def_impl(lambda *args, **params: _compat.apply_primitive(select_p, *args, **params))
+select_p.def_abstract_eval(_abstract_eval)
+_lowering.register(select_p, "select", _lax_impl, _native_lowering, _auto,
+                   inspects_operands=True, spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
 _compat.ad.primitive_jvps[select_p] = _jvp
 _compat.ad.primitive_transposes[select_p] = _transpose
 _compat.register_batcher(select_p, _batch)
