@@ -178,8 +178,25 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
         return _gather_keys(src, offsets, dim, index, check_bounds=check_bounds,
                             num_indices=num_indices, pad_value=pad_value,
                             align_bytes=align_bytes)
+    # Each argument checked and made an operand, in the order their errors are reported.
     src = as_array(src, "src must be an array", fn)
-    # dim
+    dim = _check_dim(src, dim, fn)
+    offsets_arr = _offsets_operand(offsets, dim, fn)
+    index = _index_operand(index, fn)
+    num = _num_indices_operand(num_indices, index, fn)
+    pad = _pad_operand(pad_value, src, fn)
+    itemsize = np.dtype(src.dtype).itemsize
+    align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
+                               fn)
+    L = _row_len(src.shape[-1], itemsize, align_bytes)
+    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
+                         check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+
+
+# --- gather's arguments, one step each ------------------------------------------------
+
+def _check_dim(src, dim, fn: str) -> int:
+    """dim as an int: a Python int with 0 <= dim < src.ndim - 1."""
     d = _static_int(dim)
     if d is None:
         raise TypeError(f"{fn}: dim must be a Python int, got {type(dim).__name__} {dim!r}")
@@ -190,8 +207,12 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     if not 0 <= d < src.ndim - 1:
         raise ValueError(f"{fn}: dim must satisfy 0 <= dim < src.ndim - 1 = {src.ndim - 1}, got "
                          f"dim={d} for src {_fmt(src.shape)} ({src.dtype})")
-    dim = d
-    # offsets
+    return d
+
+
+def _offsets_operand(offsets, dim: int, fn: str):
+    """offsets (a sequence of dim + 1 integers, static or traced, or a rank-1 integer
+    array) as one vector of the carrier type."""
     if hasattr(offsets, "shape") and hasattr(offsets, "dtype") and np.ndim(offsets) == 1:
         if not _is_int_dtype(offsets.dtype):
             raise TypeError(f"{fn}: offsets must have an integer dtype, got {offsets.dtype} "
@@ -217,8 +238,11 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             offs.append(jnp.asarray(s, cdt))
         else:
             offs.append(_to_carrier(a))
-    offsets_arr = jnp.stack(offs)
-    # index
+    return jnp.stack(offs)
+
+
+def _index_operand(index, fn: str):
+    """index as a rank-1 integer array, in its own dtype."""
     index = as_array(index, "index must be an integer array", fn)
     if index.ndim != 1:
         raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
@@ -226,55 +250,53 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     if not _is_int_dtype(index.dtype):
         raise TypeError(f"{fn}: index must have an integer dtype, got {index.dtype} with shape "
                         f"{_fmt(index.shape)}")
+    return index
+
+
+def _num_indices_operand(num_indices, index, fn: str):
+    """num_indices (None: all n rows) as a carrier scalar; a static one must lie in
+    [0, n], a traced one saturates."""
     n = index.shape[0]
-    # num_indices
+    cdt = _carrier()
     if num_indices is None:
-        num = jnp.asarray(n, cdt)
-    else:
-        s, a = _int_scalar(num_indices, "num_indices", fn)
-        if s is not None:
-            if not (0 <= s and _maybe_le(s, n)):
-                raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
-                                 f"{_fmt(index.shape)}")
-            num = jnp.asarray(s, cdt)
-        else:
-            num = _to_carrier(a, saturate_to=n)
-    # pad_value
+        return jnp.asarray(n, cdt)
+    s, a = _int_scalar(num_indices, "num_indices", fn)
+    if s is None:
+        return _to_carrier(a, saturate_to=n)
+    if not (0 <= s and _maybe_le(s, n)):
+        raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
+                         f"{_fmt(index.shape)}")
+    return jnp.asarray(s, cdt)
+
+
+def _pad_operand(pad_value, src, fn: str):
+    """pad_value (None: 0) as a scalar of src's dtype; a Python scalar must fit it."""
     if pad_value is None:
-        pad = jnp.zeros((), src.dtype)
-    else:
-        if isinstance(pad_value, (str, bytes)):
-            raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}")
-        try:
-            p = jnp.asarray(pad_value)
-        except OverflowError as e:
-            raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
-                             f"{src.dtype}: {e}") from None
-        except (TypeError, ValueError) as e:  # ValueError: a ragged list
-            raise TypeError(f"{fn}: pad_value must be a scalar, got "
-                            f"{type(pad_value).__name__}: {e}") from None
-        if p.ndim != 0:
-            raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
-                             f"({p.dtype})")
-        if (isinstance(pad_value, (int, float, complex, bool))
-                and not isinstance(pad_value, np.generic)):
-            try:
-                pad = jnp.asarray(pad_value, dtype=src.dtype)
-            except (OverflowError, ValueError) as e:  # ValueError: NaN into an integer
-                raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
-                                 f"{src.dtype}: {e}") from None
-            except TypeError as e:  # a complex into a real dtype
-                raise TypeError(f"{fn}: pad_value={pad_value!r} cannot be cast to src's dtype "
-                                f"{src.dtype}: {e}") from None
-        else:
-            pad = p.astype(src.dtype)
-    # align_bytes
-    itemsize = np.dtype(src.dtype).itemsize
-    align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
-                               fn)
-    L = _row_len(src.shape[-1], itemsize, align_bytes)
-    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
-                         check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+        return jnp.zeros((), src.dtype)
+    if isinstance(pad_value, (str, bytes)):
+        raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}")
+    try:
+        p = jnp.asarray(pad_value)
+    except OverflowError as e:
+        raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
+                         f"{src.dtype}: {e}") from None
+    except (TypeError, ValueError) as e:  # ValueError: a ragged list
+        raise TypeError(f"{fn}: pad_value must be a scalar, got "
+                        f"{type(pad_value).__name__}: {e}") from None
+    if p.ndim != 0:
+        raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
+                         f"({p.dtype})")
+    if not (isinstance(pad_value, (int, float, complex, bool))
+            and not isinstance(pad_value, np.generic)):
+        return p.astype(src.dtype)
+    try:
+        return jnp.asarray(pad_value, dtype=src.dtype)
+    except (OverflowError, ValueError) as e:  # ValueError: NaN into an integer
+        raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
+                         f"{src.dtype}: {e}") from None
+    except TypeError as e:  # a complex into a real dtype
+        raise TypeError(f"{fn}: pad_value={pad_value!r} cannot be cast to src's dtype "
+                        f"{src.dtype}: {e}") from None
 
 
 def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_value,
