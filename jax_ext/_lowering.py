@@ -147,6 +147,9 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
     extra = lambda ctx, args: (  # noqa: E731
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
         if inspects_operands else {})
+    raw = None  # the primitive custom_partitioning re-binds per shard, where it can
+    if spmd is not None and _compat.require_devices_during_lowering(prim):
+        raw = _shard_primitive(prim, lax_rule, native_rule, inspects_operands)
 
     def choose(ctx, args, params):
         requested = params.get("impl")
@@ -171,25 +174,26 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
         _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
-    raw = None
-    if spmd is not None and _compat.require_devices_during_lowering(prim):
-        # The unpartitioned primitive custom_partitioning wraps and re-binds on local
-        # shapes: the outer primitive's abstract eval, the native rule (else lax).
-        raw = _compat.Primitive(prim.name + "_shard")
-        raw.multiple_results = prim.multiple_results
-        raw.def_effectful_abstract_eval(
-            lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
-
-        def raw_cpu_rule(ctx, *args, donated=(), **params):
-            kw = {"donated": donated} if inspects_operands else {}
-            out = native_rule(ctx, *args, **params, **kw)
-            return out if out is not None else lax_rule(ctx, *args, **params)
-
-        mlir.register_lowering(raw, lambda ctx, *a, donated=(), **p: lax_rule(ctx, *a, **p))
-        _compat.register_lowering(raw, raw_cpu_rule, platform="cpu", cacheable=False)
-
     mlir.register_lowering(prim, lax_rule)
     _compat.register_lowering(prim, cpu_rule, platform="cpu", cacheable=False)
+
+
+def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):
+    """The unpartitioned primitive custom_partitioning wraps and re-binds on local
+    shapes: the outer primitive's abstract eval, the native rule (else lax)."""
+    raw = _compat.Primitive(prim.name + "_shard")
+    raw.multiple_results = prim.multiple_results
+    raw.def_effectful_abstract_eval(
+        lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
+
+    def raw_cpu_rule(ctx, *args, donated=(), **params):
+        kw = {"donated": donated} if inspects_operands else {}
+        out = native_rule(ctx, *args, **params, **kw)
+        return out if out is not None else lax_rule(ctx, *args, **params)
+
+    mlir.register_lowering(raw, lambda ctx, *a, donated=(), **p: lax_rule(ctx, *a, **p))
+    _compat.register_lowering(raw, raw_cpu_rule, platform="cpu", cacheable=False)
+    return raw
 
 
 def definitely_zero(d) -> bool:
