@@ -33,13 +33,18 @@ def _index(rng, rows, n):
     return idx
 
 
+def _src_index(seed, rows, cols, n):
+    """(rng, src, index): random f32 rows and an index with a few past the end."""
+    rng = np.random.default_rng(seed)
+    src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
+    return rng, src, jnp.asarray(_index(rng, rows, n))
+
+
 def _gather_case(rows, cols, n, seed=0):
     item = 4
 
     def make():
-        rng = np.random.default_rng(seed)
-        src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
-        idx = jnp.asarray(_index(rng, rows, n))
+        _, src, idx = _src_index(seed, rows, cols, n)
         ours = jax.jit(lambda s, i: gather(s, [0], 0, i))
         ref = jax.jit(lambda s, i: jnp.take(s, i, axis=0, mode="fill", fill_value=0))
         return ours, ref, (src, idx)
@@ -81,9 +86,7 @@ def _onnx_gather(host):
 def _loss_grad_case(rows, cols, n, seed=2):
     """The gradient of a loss through gather, written the way a user writes it."""
     def make():
-        rng = np.random.default_rng(seed)
-        src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
-        idx = jnp.asarray(_index(rng, rows, n))
+        _, src, idx = _src_index(seed, rows, cols, n)
         ours = jax.jit(jax.grad(lambda s, i: jnp.sum(gather(s, [0], 0, i) ** 2)))
         ref = jax.jit(jax.grad(lambda s, i: jnp.sum(
             jnp.take(s, i, axis=0, mode="fill", fill_value=0) ** 2)))
@@ -98,9 +101,7 @@ def _grad_case(rows, cols, n, seed=1):
     item = 4
 
     def make():
-        rng = np.random.default_rng(seed)
-        src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
-        idx = jnp.asarray(_index(rng, rows, n))
+        rng, src, idx = _src_index(seed, rows, cols, n)
         ct = jnp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
         ours = jax.jit(jax.grad(lambda s, i, c: jnp.sum(gather(s, [0], 0, i) * c)))
         ref = jax.jit(jax.grad(lambda s, i, c: jnp.sum(
