@@ -799,7 +799,9 @@ def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bsha
     pad = jnp.zeros((1,) * nbatch, cts.dtype)
     g = gather_p.bind(cts, offsets, index, num, pad, dim=dim, row_len=row_len,
                       check_bounds=check_bounds, nbatch=nbatch, impl=impl)
-    if g.shape != ct.aval.shape:  # ct's batch dims are always full; be safe anyway
+    if g.shape != ct.aval.shape:
+        # ct alone carried a batch dim (a vmap over pad_value only, say) that the scatter
+        # summed over: every batch element gets the same rows.
         g = jnp.broadcast_to(g, ct.aval.shape)
     return [g, None, None, None]
 
@@ -815,10 +817,10 @@ def _lead(x, bd):
 
 def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch, impl):
     args = [_lead(a, bd) for a, bd in zip(args, bdims)]
+    # Some operand is batched (register_batcher binds directly otherwise), so the
+    # result's new dim has its extent, axis_size.
     out = gather_p.bind(*args, dim=dim, row_len=row_len, check_bounds=check_bounds,
                         nbatch=nbatch + 1, impl=impl)
-    if out.shape[0] != axis_size:  # cannot happen (some operand is batched)
-        out = jnp.broadcast_to(out, (axis_size,) + out.shape[1:])
     return out, 0
 
 
