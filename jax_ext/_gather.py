@@ -8,7 +8,8 @@
 * ``nbatch``: the number of leading batch dimensions every operand carries. Each
   operand's batch dimension is either the batch size or 1 (broadcast: the kernel reads
   it with batch stride 0, nothing is materialized). vmap prepends one more;
-* ``impl``: "native" or "lax", fixed when the primitive is bound.
+* ``impl``: the implementation requested, "auto", "native" or "lax", fixed when the
+  primitive is bound; what runs is settled per call site when it is lowered.
 
 Operands: ``offsets`` is one vector of ``dim + 1`` values and ``num_indices`` a scalar,
 both of the default integer type (int64 under ``jax_enable_x64``, else int32), and

@@ -8,7 +8,8 @@ result; the primitive ``jax_ext_select`` takes
   lies along (a size-1 dimension broadcasts). Dimensions of the result an operand does
   not name are broadcast too. The native kernel reads such operands with zero strides,
   so nothing is materialized, and vmap only has to extend the maps;
-* ``impl``: "native" or "lax", fixed when the primitive is bound.
+* ``impl``: the implementation requested, "auto", "native" or "lax", fixed when the
+  primitive is bound; what runs is settled per call site when it is lowered.
 """
 from __future__ import annotations
 
