@@ -409,9 +409,9 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
     for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one."""
     n = index.shape[-1]
-    i64 = offsets.dtype  # int64, or int32 without jax_enable_x64
+    wide = offsets.dtype  # the carrier: int64, or int32 without jax_enable_x64
     ok = jnp.ones(offsets.shape[:-1], bool)
-    p = jnp.zeros(offsets.shape[:-1], i64)
+    p = jnp.zeros(offsets.shape[:-1], wide)
     for k in range(dim):
         o, s = offsets[..., k], sshape[k]
         inr = (o >= 0) & (o < s)
@@ -419,15 +419,15 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
         p = p * s + jnp.clip(o, 0, max(s - 1, 0))
     R = sshape[dim]
     odim = offsets[..., dim][..., None]
-    if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(i64).itemsize:
+    if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(wide).itemsize:
         # unsigned values at or above 2**(bits-1) do not fit: shift both terms by it.
-        mn = np.array(np.iinfo(i64).min, i64)
-        big = index >= np.array(np.iinfo(i64).max, index.dtype) + np.array(1, index.dtype)
+        mn = np.array(np.iinfo(wide).min, wide)
+        big = index >= np.array(np.iinfo(wide).max, index.dtype) + np.array(1, index.dtype)
         x = jnp.where(big, odim ^ mn, odim)
-        y = jnp.where(big, lax.bitcast_convert_type(index, i64) ^ mn, index.astype(i64))
+        y = jnp.where(big, lax.bitcast_convert_type(index, wide) ^ mn, index.astype(wide))
         huge = big & (odim >= 0)  # r >= 2**(bits-1): beyond every row
     else:
-        x, y, huge = odim, index.astype(i64), None
+        x, y, huge = odim, index.astype(wide), None
     r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
     ovf = ((x >= 0) == (y >= 0)) & ((r >= 0) != (x >= 0))
     neg = jnp.where(ovf, x < 0, r < 0)
@@ -436,7 +436,7 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
         neg, over = neg & ~huge, over | huge
     inr = ~neg & ~over
     rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
-    live = jnp.arange(n, dtype=i64) < num[..., None].astype(i64)
+    live = jnp.arange(n, dtype=wide) < num[..., None].astype(wide)
     if check_bounds:
         valid = ok[..., None] & inr & live
     else:
