@@ -309,10 +309,11 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
 
 
 # implementation "auto" (see _auto.py): the result bytes from which the kernel beats XLA's
-# own fused select. None: on the 2-core x86-64 machines this is tuned on it never did -- the
-# kernel ran 0.85-1.06x of the lax path from 1 KiB to 64 MiB, every width, broadcast and row
-# conditions, donated, reused and fresh arguments (README "Native or lax: who decides").
-AUTO_MIN_BYTES: int | None = None
+# own fused select when nothing else would fuse with it. On the 2-core x86-64 machine this is
+# tuned on, from 4 KiB (1024 f32) XLA's loop is split over its thread pool and the kernel
+# ran 1.3-3.3x faster up to 64 MiB; below it XLA's single-threaded loop was ~10% faster
+# (README "Native or lax: who decides").
+AUTO_MIN_BYTES: int | None = 4096
 
 
 def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
