@@ -32,15 +32,14 @@
 
 #include "common.h"
 #include "geometry_v2.h"
+#include "memory.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
 namespace {
 
-constexpr int kMaxRank = 64;
 constexpr int kMaxBatchRank = 64;
-constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
 constexpr int64_t kFirst = int64_t{1} << 62;  // scatter target flag: the row's first contribution
 
 inline void PrefetchBytes(const void* p, int64_t bytes) {
@@ -345,8 +344,8 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
       const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
       const int64_t row_src = inner * last;
       const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
-      const int64_t min_chunk =
-          std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
+      const int64_t min_chunk = std::max<int64_t>(
+          1, kGatherMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
       const int64_t row_bytes = row_src * int64_t(sizeof(T));
       // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
       const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
@@ -433,23 +432,6 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
 // ---------------------------------------------------------------------------------------
 // scatter-add
 
-// Zeroes `bytes`, with non-temporal stores when `stream`.
-inline void ZeroBytes(void* dst, int64_t bytes, bool stream) {
-#if defined(__SSE2__)
-  if (stream) {
-    auto* d = static_cast<uint8_t*>(dst);
-    const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-    std::memset(d, 0, static_cast<size_t>(head));
-    int64_t i = head;
-    const __m128i z = _mm_setzero_si128();
-    for (; i + 16 <= bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), z);
-    std::memset(d + i, 0, static_cast<size_t>(bytes - i));
-    return;
-  }
-#endif
-  std::memset(dst, 0, static_cast<size_t>(bytes));
-}
-
 inline float Bf16ToF32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -513,7 +495,7 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
     const int64_t out_rows = E > 0 ? out_n / E : 0;
     ParallelFor(
         pool, out_rows,
-        std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
+        std::max<int64_t>(1, kGatherMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
         [&](int64_t rb, int64_t re) {
           for (int64_t t = rb; t < re;) {
             if (seen[t >> 6] >> (t & 63) & 1) {
@@ -587,7 +569,7 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   };
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t work = total_rows * E * int64_t(sizeof(Acc));
-  if (E >= 128 && work >= 2 * kMinChunkBytes) {
+  if (E >= 128 && work >= 2 * kGatherMinChunkBytes) {
     // Long rows: each task owns a column range of every output row.
     const int64_t tasks = std::min<int64_t>(threads, E / 64);
     ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
@@ -614,8 +596,9 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   } else {
     // Short rows: each task owns a range of output rows and scans every target.
     const int64_t out_rows = E > 0 ? out_n / E : 0;
-    const int64_t min_rows = work >= 2 * kMinChunkBytes ? std::max<int64_t>(1, out_rows / threads)
-                                                        : std::max<int64_t>(1, out_rows);
+    const int64_t min_rows = work >= 2 * kGatherMinChunkBytes
+                                 ? std::max<int64_t>(1, out_rows / threads)
+                                 : std::max<int64_t>(1, out_rows);
     ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
       for (int64_t u = 0; u < total_rows; ++u) {
         const int64_t t = targets[u] & ~kFirst;
@@ -626,7 +609,7 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
   }
   if constexpr (C != Conv::kNone) {
     uint16_t* o = static_cast<uint16_t*>(out_data);
-    ParallelFor(pool, out_n, kMinChunkBytes / 4, [&](int64_t b, int64_t e) {
+    ParallelFor(pool, out_n, kGatherMinChunkBytes / 4, [&](int64_t b, int64_t e) {
       for (int64_t x = b; x < e; ++x) o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
     });
   }

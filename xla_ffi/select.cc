@@ -10,14 +10,12 @@
 
 #include "common.h"
 #include "geometry_v2.h"
+#include "memory.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
 namespace {
-
-constexpr int kMaxRank = 64;
-constexpr int64_t kMinChunkBytes = int64_t{1} << 18;  // per-thread work worth a task
 
 // One output row of length n. CS/XS/YS: the inner stride as a compile-time 0 or 1
 // (vectorizable), or -1 for a runtime stride.
@@ -202,7 +200,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     T* op = static_cast<T*>(out->untyped_data());
     const int last = g.rank - 1;
     const int64_t cs = g.strides[0][last], xs = g.strides[1][last], ys = g.strides[2][last];
-    const int64_t min_chunk = std::max<int64_t>(1, kMinChunkBytes / int64_t(sizeof(T)));
+    const int64_t min_chunk = std::max<int64_t>(1, kSelectMinChunkBytes / int64_t(sizeof(T)));
     if (in_place) {
       const InPlaceFn<T> fn = ChooseInPlace<T>(cs, ys);
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
