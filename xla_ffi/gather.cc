@@ -277,16 +277,12 @@ ffi::Error CheckIndexOperands(const char* op, const Geometry& g, const ffi::AnyB
                               std::array<int64_t, kMaxBatchRank>& nst) {
   if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
     return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
-  if (auto e =
-          CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1, offsets.element_count(), ost);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1, offsets.element_count(), ost));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst));
   return ffi::Error::Success();
 }
 
@@ -301,23 +297,19 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
                       ffi::Span<const int64_t> pad_bstrides) {
   const char* op = "gather";
   Geometry g;
-  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  JAX_EXT_RETURN_IF_ERROR(ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (src.element_type() != dt || pad.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
   if (IsSubByte(dt))
     return ffi::Error::InvalidArgument(Msg(op, "sub-byte dtypes are not supported"));
   std::array<int64_t, kMaxBatchRank> sst{}, ost{}, ist{}, nst{}, pst{};
-  if (auto e = CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst);
-      e.failure())
-    return e;
-  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
-                                  num_bstrides, ost, ist, nst);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
+                                             index_bstrides, num_bstrides, ost, ist, nst));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst));
   int64_t row_out, total_rows, total;  // row_out: elements of one result row
   if (__builtin_mul_overflow(g.inner, g.row_len, &row_out) ||
       __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
@@ -626,18 +618,15 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
                           ffi::Span<const int64_t> num_bstrides) {
   const char* op = "scatter_add";
   Geometry g;
-  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  JAX_EXT_RETURN_IF_ERROR(ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (ct.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
   std::array<int64_t, kMaxBatchRank> xst{}, ost{}, ist{}, nst{};
-  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
-                                  num_bstrides, ost, ist, nst);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
+                                             index_bstrides, num_bstrides, ost, ist, nst));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst));
   int64_t row_ct, total_rows, total;
   if (__builtin_mul_overflow(g.inner, g.row_len, &row_ct) ||
       __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
@@ -657,7 +646,7 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
   std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
   if (row_src > 0) {
-    ffi::Error err = DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
+    JAX_EXT_RETURN_IF_ERROR(DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
       using I = decltype(itag);
       const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
       const I* ip = static_cast<const I*>(index.untyped_data());
@@ -680,8 +669,7 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
         }
       }
       return ffi::Error::Success();
-    });
-    if (err.failure()) return err;
+    }));
   }
   PrefaultFresh(pool, out->untyped_data(), out->size_bytes());
   // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
@@ -763,11 +751,9 @@ ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer
                         bool check_bounds) {
   v2::GatherGeometry g;
   std::vector<int64_t> st[5];
-  if (auto e = v2::GatherFromBuffers(src.dimensions(), offsets.dimensions(), index.dimensions(),
-                                     num.dimensions(), pad.dimensions(), out->dimensions(), nbatch,
-                                     dim, g, st);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(v2::GatherFromBuffers(
+      src.dimensions(), offsets.dimensions(), index.dimensions(), num.dimensions(),
+      pad.dimensions(), out->dimensions(), nbatch, dim, g, st));
   return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim, g.row_len,
                     g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
                     v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
@@ -779,10 +765,9 @@ ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuf
                             bool check_bounds) {
   v2::GatherGeometry g;
   std::vector<int64_t> st[4];
-  if (auto e = v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(), index.dimensions(),
-                                      num.dimensions(), out->dimensions(), nbatch, dim, g, st);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(),
+                                                 index.dimensions(), num.dimensions(),
+                                                 out->dimensions(), nbatch, dim, g, st));
   return ScatterAddImpl(pool, ct, offsets, index, num, out, v2::Of(g.src_shape), dim, g.row_len,
                         g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
                         v2::Of(st[2]), v2::Of(st[3]));

@@ -166,9 +166,8 @@ inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num
                                     Dims out, int64_t nbatch, int64_t dim, GatherGeometry& g,
                                     std::vector<int64_t> bstrides[5]) {
   const char* op = "gather";
-  if (auto e = BatchShape(op, nbatch, {src, offsets, index, num, pad, out}, g.batch_shape);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(
+      BatchShape(op, nbatch, {src, offsets, index, num, pad, out}, g.batch_shape));
   const int64_t srank = static_cast<int64_t>(src.size()) - nbatch;
   if (srank < 2 || dim < 0 || dim > srank - 2)
     return Bad(op, "src " + ShapeString(src) + " with nbatch " + std::to_string(nbatch) +
@@ -178,8 +177,7 @@ inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num
   const char* names[5] = {"src", "offsets", "index", "num_indices", "pad_value"};
   const int64_t rest[5] = {srank, 1, 1, 0, 0};
   for (int k = 0; k < 5; ++k)
-    if (auto e = BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]); e.failure())
-      return e;
+    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]));
   g.n = index[nbatch];
   const int64_t orank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(out.size()) != nbatch + orank)
@@ -202,8 +200,7 @@ inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num
                                      int64_t nbatch, int64_t dim, GatherGeometry& g,
                                      std::vector<int64_t> bstrides[4]) {
   const char* op = "scatter_add";
-  if (auto e = BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape); e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape));
   const int64_t srank = static_cast<int64_t>(out.size()) - nbatch;
   if (srank < 2 || dim < 0 || dim > srank - 2)
     return Bad(op, "result " + ShapeString(out) + " with nbatch " + std::to_string(nbatch) +
@@ -213,8 +210,7 @@ inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num
   const char* names[4] = {"result", "offsets", "index", "num_indices"};
   const int64_t rest[4] = {srank, 1, 1, 0};
   for (int k = 0; k < 4; ++k)
-    if (auto e = BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]); e.failure())
-      return e;
+    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]));
   const int64_t crank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(ct.size()) != nbatch + crank)
     return Bad(op, "cotangent " + ShapeString(ct) + " does not fit result " + ShapeString(out));

@@ -244,7 +244,7 @@ ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffe
   const v2::Dims operands[3] = {cond.dimensions(), x.dimensions(), y.dimensions()};
   const v2::Dims maps[3] = {cond_dims, x_dims, y_dims};
   v2::SelectGeometry g;
-  if (auto e = v2::SelectFromBuffers(out->dimensions(), operands, maps, g); e.failure()) return e;
+  JAX_EXT_RETURN_IF_ERROR(v2::SelectFromBuffers(out->dimensions(), operands, maps, g));
   return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
                     v2::Of(g.strides[1]), v2::Of(g.strides[2]));
 }
