@@ -104,8 +104,9 @@ inline bool IsOffsetType(ffi::DataType t) {
   return t == ffi::DataType::S64 || t == ffi::DataType::S32;
 }
 
-// The geometry both kernels share, validated once.
-struct Geometry {
+// src seen as rows, the result's padded rows and the batch: what both kernels read from
+// their attributes, validated once.
+struct RowLayout {
   int rank = 0;
   int dim = 0;
   std::array<int64_t, kMaxRank> shape{};
@@ -121,7 +122,7 @@ struct Geometry {
 };
 
 // Element offset of batch element b for one operand.
-inline int64_t BatchOffset(const Geometry& g, const std::array<int64_t, kMaxBatchRank>& st,
+inline int64_t BatchOffset(const RowLayout& g, const std::array<int64_t, kMaxBatchRank>& st,
                            int64_t b) {
   int64_t off = 0;
   for (int d = g.brank - 1; d >= 0; --d) {
@@ -132,9 +133,9 @@ inline int64_t BatchOffset(const Geometry& g, const std::array<int64_t, kMaxBatc
   return off;
 }
 
-ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> src_shape,
-                        int64_t dim, int64_t row_len, int64_t n,
-                        ffi::Span<const int64_t> batch_shape) {
+ffi::Error ReadRowLayout(const char* op, RowLayout& g, ffi::Span<const int64_t> src_shape,
+                         int64_t dim, int64_t row_len, int64_t n,
+                         ffi::Span<const int64_t> batch_shape) {
   const int64_t rank = static_cast<int64_t>(src_shape.size());
   if (rank < 2 || rank > kMaxRank)
     return ffi::Error::InvalidArgument(Msg(
@@ -186,7 +187,7 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
 
 // Checks that reading `slice` elements at every batch offset of `strides` stays inside a
 // buffer of `count` elements, and copies the strides.
-ffi::Error CheckOperand(const char* op, const char* name, const Geometry& g,
+ffi::Error CheckOperand(const char* op, const char* name, const RowLayout& g,
                         ffi::Span<const int64_t> strides, int64_t slice, int64_t count,
                         std::array<int64_t, kMaxBatchRank>& out) {
   if (static_cast<int64_t>(strides.size()) != g.brank)
@@ -223,7 +224,7 @@ struct RowBase {
   int64_t rows;  // src_shape[dim]
 };
 
-inline RowBase BaseOf(const Geometry& g, IntOperand offs_op, int64_t at, bool check) {
+inline RowBase BaseOf(const RowLayout& g, IntOperand offs_op, int64_t at, bool check) {
   auto offs = [&](int k) { return offs_op[at + k]; };
   RowBase rb{true, 0, offs(g.dim), g.shape[g.dim]};
   int64_t p = 0;
@@ -267,7 +268,7 @@ inline bool RowOf(const RowBase& rb, I idx, bool check, int64_t* r) {
 
 // The operands gather and scatter-add share: offsets, index and num_indices, each with
 // its batch strides checked against its buffer.
-ffi::Error CheckIndexOperands(const char* op, const Geometry& g, const ffi::AnyBuffer& offsets,
+ffi::Error CheckIndexOperands(const char* op, const RowLayout& g, const ffi::AnyBuffer& offsets,
                               const ffi::AnyBuffer& index, const ffi::AnyBuffer& num,
                               ffi::Span<const int64_t> offsets_bstrides,
                               ffi::Span<const int64_t> index_bstrides,
@@ -296,8 +297,8 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
                       ffi::Span<const int64_t> num_bstrides,
                       ffi::Span<const int64_t> pad_bstrides) {
   const char* op = "gather";
-  Geometry g;
-  JAX_EXT_RETURN_IF_ERROR(ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape));
+  RowLayout g;
+  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (src.element_type() != dt || pad.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
@@ -454,9 +455,9 @@ inline uint16_t F32ToF16(float f) {
 enum class Conv { kNone, kF16, kBF16 };
 
 template <typename Acc, Conv C>
-ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data, void* out_data,
-                      int64_t out_elems, int scale, const int64_t* targets, const uint64_t* seen,
-                      int64_t total_rows) {
+ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_data,
+                      void* out_data, int64_t out_elems, int scale, const int64_t* targets,
+                      const uint64_t* seen, int64_t total_rows) {
   using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
   const int64_t E = g.inner * g.last * scale;  // Acc values per src row
   const int64_t L = g.row_len * scale;         // Acc values per padded ct sub-row
@@ -617,8 +618,8 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
                           ffi::Span<const int64_t> index_bstrides,
                           ffi::Span<const int64_t> num_bstrides) {
   const char* op = "scatter_add";
-  Geometry g;
-  JAX_EXT_RETURN_IF_ERROR(ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape));
+  RowLayout g;
+  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (ct.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
@@ -749,7 +750,7 @@ ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer
                         ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
                         ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
                         bool check_bounds) {
-  v2::GatherGeometry g;
+  v2::GatherAttrs g;
   std::vector<int64_t> st[5];
   JAX_EXT_RETURN_IF_ERROR(v2::GatherFromBuffers(
       src.dimensions(), offsets.dimensions(), index.dimensions(), num.dimensions(),
@@ -763,7 +764,7 @@ ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuf
                             ffi::AnyBuffer index, ffi::AnyBuffer num,
                             ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
                             bool check_bounds) {
-  v2::GatherGeometry g;
+  v2::GatherAttrs g;
   std::vector<int64_t> st[4];
   JAX_EXT_RETURN_IF_ERROR(v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(),
                                                  index.dimensions(), num.dimensions(),

@@ -41,10 +41,10 @@ inline bool DenseStrides(Dims dims, std::vector<int64_t>& st) {
 
 // --- select -----------------------------------------------------------------------------
 
-// Shape and per-operand element strides over the result, with size-1 dims dropped and
-// neighbours every operand walks contiguously merged (the same collapse Python does for
-// v1). Always rank >= 1.
-struct SelectGeometry {
+// The v1 attributes of one select call: shape and per-operand element strides over the
+// result, with size-1 dims dropped and neighbours every operand walks contiguously merged
+// (the same collapse Python does for v1). Always rank >= 1.
+struct SelectAttrs {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides[3];
 };
@@ -52,7 +52,7 @@ struct SelectGeometry {
 // `maps[k][j]`: the result dimension operand k's dimension j lies along (a size-1
 // dimension broadcasts; result dimensions an operand does not name are broadcast).
 inline ffi::Error SelectFromBuffers(Dims out, const Dims operands[3], const Dims maps[3],
-                                    SelectGeometry& g) {
+                                    SelectAttrs& g) {
   static const char* names[3] = {"cond", "x", "y"};
   const size_t rank = out.size();
   std::vector<std::vector<int64_t>> st(3, std::vector<int64_t>(rank, 0));
@@ -114,7 +114,7 @@ inline ffi::Error SelectFromBuffers(Dims out, const Dims operands[3], const Dims
 // --- gather and scatter-add ------------------------------------------------------------
 
 // The v1 attributes of one gather or scatter-add call.
-struct GatherGeometry {
+struct GatherAttrs {
   std::vector<int64_t> src_shape;    // one src
   std::vector<int64_t> batch_shape;  // the full batch shape, [1] without batch dims
   int64_t row_len = 0, n = 0;
@@ -163,7 +163,7 @@ inline ffi::Error BatchStrides(const char* op, const char* name, Dims d, int64_t
 // gather(src, offsets, index, num, pad) -> out of shape
 // batch + (n, *src_shape[dim+1:-1], row_len).
 inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num, Dims pad,
-                                    Dims out, int64_t nbatch, int64_t dim, GatherGeometry& g,
+                                    Dims out, int64_t nbatch, int64_t dim, GatherAttrs& g,
                                     std::vector<int64_t> bstrides[5]) {
   const char* op = "gather";
   JAX_EXT_RETURN_IF_ERROR(
@@ -197,7 +197,7 @@ inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num
 // scatter_add(ct, offsets, index, num) -> out of shape out_batch + src_shape, where ct
 // has shape batch + (n, *src_shape[dim+1:-1], row_len).
 inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num, Dims out,
-                                     int64_t nbatch, int64_t dim, GatherGeometry& g,
+                                     int64_t nbatch, int64_t dim, GatherAttrs& g,
                                      std::vector<int64_t> bstrides[4]) {
   const char* op = "scatter_add";
   JAX_EXT_RETURN_IF_ERROR(BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape));

@@ -80,7 +80,9 @@ InPlaceFn<T> ChooseInPlace(int64_t cs, int64_t ys) {
   return table[cs][ys];
 }
 
-struct Geometry {
+// The validated walk: the (collapsed) result shape and each operand's element strides
+// over it.
+struct SelectLayout {
   int rank;
   std::array<int64_t, kMaxRank> shape;
   std::array<std::array<int64_t, kMaxRank>, 3> strides;  // cond, x, y (elements)
@@ -89,7 +91,7 @@ struct Geometry {
 // Calls row(n, offsets[3], out_offset) for every maximal run of the innermost
 // dimension that lies in the linear output range [begin, end).
 template <typename RowCall>
-void ForEachRow(const Geometry& g, int64_t begin, int64_t end, RowCall&& row) {
+void ForEachRow(const SelectLayout& g, int64_t begin, int64_t end, RowCall&& row) {
   const int last = g.rank - 1;
   const int64_t inner = g.shape[last];
   std::array<int64_t, kMaxRank> idx{};
@@ -117,7 +119,7 @@ void ForEachRow(const Geometry& g, int64_t begin, int64_t end, RowCall&& row) {
 }
 
 // Largest element offset an operand is read at, or -1 on overflow.
-int64_t MaxOffset(const Geometry& g, int k) {
+int64_t MaxOffset(const SelectLayout& g, int k) {
   int64_t m = 0;
   for (int d = 0; d < g.rank; ++d) {
     int64_t t;
@@ -144,7 +146,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("jax_ext select: x, y and the result differ in dtype");
   if (IsSubByte(out->element_type()))
     return ffi::Error::InvalidArgument("jax_ext select: sub-byte dtypes are not supported");
-  Geometry g{};
+  SelectLayout g{};
   g.rank = static_cast<int>(rank);
   int64_t total = 1;
   for (int64_t d = 0; d < rank; ++d) {
@@ -243,7 +245,7 @@ ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffe
                         ffi::Span<const int64_t> y_dims) {
   const v2::Dims operands[3] = {cond.dimensions(), x.dimensions(), y.dimensions()};
   const v2::Dims maps[3] = {cond_dims, x_dims, y_dims};
-  v2::SelectGeometry g;
+  v2::SelectAttrs g;
   JAX_EXT_RETURN_IF_ERROR(v2::SelectFromBuffers(out->dimensions(), operands, maps, g));
   return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
                     v2::Of(g.strides[1]), v2::Of(g.strides[2]));
