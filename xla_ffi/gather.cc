@@ -795,51 +795,8 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   }
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherHandler, GatherImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // src
-                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
-                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
-                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
-                                  .Arg<ffi::AnyBuffer>()  // pad_value
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("src_shape")
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("row_len")
-                                  .Attr<int64_t>("n")
-                                  .Attr<bool>("check_bounds")
-                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
-                                  .Attr<ffi::Span<const int64_t>>("src_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("num_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("pad_bstrides"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // ct (padded rows)
-                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
-                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
-                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("src_shape")
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("row_len")
-                                  .Attr<int64_t>("n")
-                                  .Attr<bool>("check_bounds")
-                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
-                                  .Attr<ffi::Span<const int64_t>>("out_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("num_bstrides"));
-
 // v2: the same kernels; shapes, sizes and batch strides come from the buffers
 // (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
-namespace {
 ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
                         ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
                         ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
@@ -867,31 +824,69 @@ ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuf
                         g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
                         v2::Of(st[2]), v2::Of(st[3]));
 }
+
+// The bindings, each piece written once: the operands of an op are the same for its v1
+// and v2 targets, and v1's attributes are the same for both ops but for the batch strides
+// of the operand laid out like src.
+
+// The offsets, index and num_indices operands, as both ops take them.
+template <typename B>
+auto WithIndexOperands(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()   // offsets (int32 or int64)
+      .template Arg<ffi::AnyBuffer>()   // index (any integer)
+      .template Arg<ffi::AnyBuffer>();  // num_indices (int32 or int64)
+}
+
+// gather(src, offsets, index, num_indices, pad_value) -> result.
+auto GatherOperands() {
+  return WithIndexOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>())  // src
+      .Arg<ffi::AnyBuffer>()  // pad_value
+      .Ret<ffi::AnyBuffer>();
+}
+
+// scatter_add(ct, offsets, index, num_indices) -> result (laid out like src); ct holds
+// the padded rows.
+auto ScatterAddOperands() {
+  return WithIndexOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>())  // ct
+      .Ret<ffi::AnyBuffer>();
+}
+
+// The v1 attributes, in order; `data_bstrides` names the batch strides of the operand
+// laid out like src (src for gather, the result for scatter-add).
+template <typename B>
+auto WithV1Attrs(B b, const char* data_bstrides) {
+  using Span = ffi::Span<const int64_t>;
+  return std::move(b)
+      .template Attr<Span>("src_shape")
+      .template Attr<int64_t>("dim")
+      .template Attr<int64_t>("row_len")
+      .template Attr<int64_t>("n")
+      .template Attr<bool>("check_bounds")
+      .template Attr<Span>("batch_shape")
+      .template Attr<Span>(data_bstrides)
+      .template Attr<Span>("offsets_bstrides")
+      .template Attr<Span>("index_bstrides")
+      .template Attr<Span>("num_bstrides");
+}
+
+// The v2 attributes: only what is static under shape polymorphism.
+template <typename B>
+auto WithV2Attrs(B b) {
+  return std::move(b)
+      .template Attr<int64_t>("dim")
+      .template Attr<int64_t>("nbatch")
+      .template Attr<bool>("check_bounds");
+}
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // src
-                                  .Arg<ffi::AnyBuffer>()  // offsets
-                                  .Arg<ffi::AnyBuffer>()  // index
-                                  .Arg<ffi::AnyBuffer>()  // num_indices
-                                  .Arg<ffi::AnyBuffer>()  // pad_value
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("nbatch")
-                                  .Attr<bool>("check_bounds"));
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    GatherHandler, GatherImpl,
+    WithV1Attrs(GatherOperands(), "src_bstrides").Attr<ffi::Span<const int64_t>>("pad_bstrides"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
+                              WithV1Attrs(ScatterAddOperands(), "out_bstrides"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl, WithV2Attrs(GatherOperands()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddV2Handler, ScatterAddV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // ct
-                                  .Arg<ffi::AnyBuffer>()  // offsets
-                                  .Arg<ffi::AnyBuffer>()  // index
-                                  .Arg<ffi::AnyBuffer>()  // num_indices
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("nbatch")
-                                  .Attr<bool>("check_bounds"));
+                              WithV2Attrs(ScatterAddOperands()));
 
 }  // namespace jax_ext

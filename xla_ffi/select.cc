@@ -222,23 +222,8 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
   });
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // cond
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("shape")
-                                  .Attr<ffi::Span<const int64_t>>("cond_strides")
-                                  .Attr<ffi::Span<const int64_t>>("x_strides")
-                                  .Attr<ffi::Span<const int64_t>>("y_strides"));
-
 // v2: the same kernel; shape and strides come from the buffers (geometry_v2.h), the
 // attributes only say which result dimension each operand dimension lies along.
-namespace {
 ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x,
                         ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Span<const int64_t> cond_dims, ffi::Span<const int64_t> x_dims,
@@ -250,15 +235,26 @@ ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffe
   return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
                     v2::Of(g.strides[1]), v2::Of(g.strides[2]));
 }
+
+// select(cond, x, y) -> result: the operands of both targets, written once.
+auto SelectOperands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::AnyBuffer>()  // cond
+      .Arg<ffi::AnyBuffer>()  // x
+      .Arg<ffi::AnyBuffer>()  // y
+      .Ret<ffi::AnyBuffer>();
+}
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
+                              SelectOperands()
+                                  .Attr<ffi::Span<const int64_t>>("shape")
+                                  .Attr<ffi::Span<const int64_t>>("cond_strides")
+                                  .Attr<ffi::Span<const int64_t>>("x_strides")
+                                  .Attr<ffi::Span<const int64_t>>("y_strides"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectV2Handler, SelectV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // cond
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()
+                              SelectOperands()
                                   .Attr<ffi::Span<const int64_t>>("cond_dims")
                                   .Attr<ffi::Span<const int64_t>>("x_dims")
                                   .Attr<ffi::Span<const int64_t>>("y_dims"));
