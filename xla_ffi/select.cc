@@ -130,18 +130,16 @@ int64_t MaxOffset(const SelectLayout& g, int k) {
   return m;
 }
 
-ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x, ffi::AnyBuffer y,
-                      ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> shape,
-                      ffi::Span<const int64_t> cond_strides, ffi::Span<const int64_t> x_strides,
-                      ffi::Span<const int64_t> y_strides) {
+ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
+                      ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
+                      ffi::Span<const int64_t> shape, ffi::Span<const int64_t> cond_strides,
+                      ffi::Span<const int64_t> x_strides, ffi::Span<const int64_t> y_strides) {
   const ffi::Span<const int64_t> strides[3] = {cond_strides, x_strides, y_strides};
   const char* names[3] = {"cond", "x", "y"};
   const int64_t rank = static_cast<int64_t>(shape.size());
   if (rank < 1 || rank > kMaxRank)
     return ffi::Error::InvalidArgument("jax_ext select: rank " + std::to_string(rank) +
                                        " outside [1, " + std::to_string(kMaxRank) + "]");
-  if (cond.element_type() != ffi::DataType::PRED)
-    return ffi::Error::InvalidArgument("jax_ext select: cond must be bool");
   if (x.element_type() != out->element_type() || y.element_type() != out->element_type())
     return ffi::Error::InvalidArgument("jax_ext select: x, y and the result differ in dtype");
   if (IsSubByte(out->element_type()))
@@ -158,7 +156,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("jax_ext select: shape " + ShapeString(shape) +
                                        " does not match the result's " +
                                        std::to_string(out->element_count()) + " elements");
-  const ffi::AnyBuffer* bufs[3] = {&cond, &x, &y};
+  const size_t counts[3] = {cond.element_count(), x.element_count(), y.element_count()};
   for (int k = 0; k < 3; ++k) {
     if (static_cast<int64_t>(strides[k].size()) != rank)
       return ffi::Error::InvalidArgument(std::string("jax_ext select: ") + names[k] +
@@ -171,11 +169,11 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     }
     if (total > 0) {
       const int64_t m = MaxOffset(g, k);
-      if (m < 0 || m >= static_cast<int64_t>(bufs[k]->element_count()))
+      if (m < 0 || m >= static_cast<int64_t>(counts[k]))
         return ffi::Error::InvalidArgument(
             std::string("jax_ext select: strides ") + ShapeString(strides[k]) + " over shape " +
             ShapeString(shape) + " read past the end of " + names[k] + " (" +
-            std::to_string(bufs[k]->element_count()) + " elements)");
+            std::to_string(counts[k]) + " elements)");
     }
   }
   if (total == 0) return ffi::Error::Success();
@@ -224,7 +222,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
 
 // v2: the same kernel; shape and strides come from the buffers (geometry_v2.h), the
 // attributes only say which result dimension each operand dimension lies along.
-ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x,
+ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
                         ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Span<const int64_t> cond_dims, ffi::Span<const int64_t> x_dims,
                         ffi::Span<const int64_t> y_dims) {
@@ -240,9 +238,9 @@ ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffe
 auto SelectOperands() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
-      .Arg<ffi::AnyBuffer>()  // cond
-      .Arg<ffi::AnyBuffer>()  // x
-      .Arg<ffi::AnyBuffer>()  // y
+      .Arg<ffi::Buffer<ffi::PRED>>()  // cond: XLA rejects any other dtype before the call
+      .Arg<ffi::AnyBuffer>()          // x
+      .Arg<ffi::AnyBuffer>()          // y
       .Ret<ffi::AnyBuffer>();
 }
 }  // namespace
