@@ -160,24 +160,50 @@ inline ffi::Error BatchStrides(const char* op, const char* name, Dims d, int64_t
   return ffi::Error::Success();
 }
 
+// One operand of a gather or scatter-add call: its name in messages, its dims and its
+// rank past the batch dims.
+struct Operand {
+  const char* name;
+  Dims dims;
+  int64_t rest;
+};
+
+// What gather and scatter-add share: the full batch shape over `all` operands; src_shape,
+// the dims past the batch of `data` (src itself, or scatter-add's result), which must
+// have a dim `dim` before its last; and the batch strides of `data` and then of each of
+// `others`, in bstrides[0], bstrides[1], ... Sets *srank, the rank of src.
+inline ffi::Error SrcAndBatch(const char* op, int64_t nbatch, int64_t dim,
+                              std::initializer_list<Dims> all, const char* data_name, Dims data,
+                              std::initializer_list<Operand> others, GatherAttrs& g,
+                              std::vector<int64_t>* bstrides, int64_t* srank) {
+  JAX_EXT_RETURN_IF_ERROR(BatchShape(op, nbatch, all, g.batch_shape));
+  *srank = static_cast<int64_t>(data.size()) - nbatch;
+  if (*srank < 2 || dim < 0 || dim > *srank - 2)
+    return Bad(op, std::string(data_name) + " " + ShapeString(data) + " with nbatch " +
+                       std::to_string(nbatch) + " has no dim " + std::to_string(dim) +
+                       " before its last");
+  g.src_shape.assign(data.begin() + nbatch, data.end());
+  JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, data_name, data, nbatch, *srank, bstrides[0]));
+  size_t k = 1;
+  for (const Operand& o : others)
+    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, o.name, o.dims, nbatch, o.rest, bstrides[k++]));
+  return ffi::Error::Success();
+}
+
 // gather(src, offsets, index, num, pad) -> out of shape
 // batch + (n, *src_shape[dim+1:-1], row_len).
 inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num, Dims pad,
                                     Dims out, int64_t nbatch, int64_t dim, GatherAttrs& g,
                                     std::vector<int64_t> bstrides[5]) {
   const char* op = "gather";
-  JAX_EXT_RETURN_IF_ERROR(
-      BatchShape(op, nbatch, {src, offsets, index, num, pad, out}, g.batch_shape));
-  const int64_t srank = static_cast<int64_t>(src.size()) - nbatch;
-  if (srank < 2 || dim < 0 || dim > srank - 2)
-    return Bad(op, "src " + ShapeString(src) + " with nbatch " + std::to_string(nbatch) +
-                       " has no dim " + std::to_string(dim) + " before its last");
-  g.src_shape.assign(src.begin() + nbatch, src.end());
-  const Dims* ops[5] = {&src, &offsets, &index, &num, &pad};
-  const char* names[5] = {"src", "offsets", "index", "num_indices", "pad_value"};
-  const int64_t rest[5] = {srank, 1, 1, 0, 0};
-  for (int k = 0; k < 5; ++k)
-    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]));
+  int64_t srank;
+  JAX_EXT_RETURN_IF_ERROR(SrcAndBatch(op, nbatch, dim, {src, offsets, index, num, pad, out}, "src",
+                                      src,
+                                      {{"offsets", offsets, 1},
+                                       {"index", index, 1},
+                                       {"num_indices", num, 0},
+                                       {"pad_value", pad, 0}},
+                                      g, bstrides, &srank));
   g.n = index[nbatch];
   const int64_t orank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(out.size()) != nbatch + orank)
@@ -200,17 +226,11 @@ inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num
                                      int64_t nbatch, int64_t dim, GatherAttrs& g,
                                      std::vector<int64_t> bstrides[4]) {
   const char* op = "scatter_add";
-  JAX_EXT_RETURN_IF_ERROR(BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape));
-  const int64_t srank = static_cast<int64_t>(out.size()) - nbatch;
-  if (srank < 2 || dim < 0 || dim > srank - 2)
-    return Bad(op, "result " + ShapeString(out) + " with nbatch " + std::to_string(nbatch) +
-                       " has no dim " + std::to_string(dim) + " before its last");
-  g.src_shape.assign(out.begin() + nbatch, out.end());
-  const Dims* ops[4] = {&out, &offsets, &index, &num};
-  const char* names[4] = {"result", "offsets", "index", "num_indices"};
-  const int64_t rest[4] = {srank, 1, 1, 0};
-  for (int k = 0; k < 4; ++k)
-    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]));
+  int64_t srank;
+  JAX_EXT_RETURN_IF_ERROR(
+      SrcAndBatch(op, nbatch, dim, {ct, offsets, index, num, out}, "result", out,
+                  {{"offsets", offsets, 1}, {"index", index, 1}, {"num_indices", num, 0}}, g,
+                  bstrides, &srank));
   const int64_t crank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(ct.size()) != nbatch + crank)
     return Bad(op, "cotangent " + ShapeString(ct) + " does not fit result " + ShapeString(out));
