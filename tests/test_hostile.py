@@ -222,8 +222,9 @@ def ffi_select_malicious():
     ]
     for attrs, msg in bad:
         expect_runtime_error(msg, ffi_select, c, x, y, (6,), jnp.float32, **attrs)
-    expect_runtime_error("cond must be bool", ffi_select, c.astype(jnp.int8), x, y, (6,),
-                         jnp.float32, **ok)
+    # cond is bound as a typed PRED buffer: the FFI refuses another dtype before the call.
+    expect_runtime_error("Wrong buffer dtype: expected PRED but got S8", ffi_select,
+                         c.astype(jnp.int8), x, y, (6,), jnp.float32, **ok)
     expect_runtime_error("differ in dtype", ffi_select, c, x, y.astype(jnp.int32), (6,),
                          jnp.float32, **ok)
     expect_runtime_error("differ in dtype", ffi_select, c, x, y, (6,), jnp.float64, **ok)

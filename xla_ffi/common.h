@@ -1,4 +1,5 @@
-// Pieces shared by the kernels: element-width dispatch and argument checks.
+// What the kernels share besides memory (memory.h): error propagation, limits, element-width
+// dispatch and argument checks.
 #pragma once
 
 #include <algorithm>
@@ -11,16 +12,27 @@
 
 #include "xla/ffi/api/ffi.h"
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 namespace jax_ext {
 
 namespace ffi = xla::ffi;
+
+// Returns the ffi::Error of `expr` from the enclosing function when it is a failure, as
+// jaxlib's FFI_RETURN_IF_ERROR (jaxlib/ffi_helpers.h) does.
+#define JAX_EXT_RETURN_IF_ERROR(expr)                                        \
+  do {                                                                       \
+    if (::xla::ffi::Error jax_ext_error_ = (expr); jax_ext_error_.failure()) \
+      return jax_ext_error_;                                                 \
+  } while (0)
+
+// Largest rank of an array the kernels walk (select's collapsed result, gather's src):
+// their index state lives in fixed arrays of this size.
+constexpr int kMaxRank = 64;
+
+// Work per task below which splitting over the thread pool does not pay for scheduling.
+// Each kernel has its own value (select's is four times gather's), named apart so that
+// changing one does not move the other. Gather and scatter-add share theirs.
+constexpr int64_t kSelectMinChunkBytes = int64_t{1} << 18;
+constexpr int64_t kGatherMinChunkBytes = int64_t{1} << 16;
 
 // The kernels only move bytes, so they are keyed on element width, not dtype: every
 // JAX dtype maps onto one of five unsigned types and bits are copied exactly (NaN
@@ -77,81 +89,6 @@ inline std::string ShapeString(ffi::Span<const int64_t> s) {
   std::string r = "(";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + (s.size() == 1 ? ",)" : ")");
-}
-
-// Results at least this large do not fit in the last-level cache: rows are written with
-// non-temporal stores, which skip reading each destination line before overwriting it.
-constexpr int64_t kStreamBytes = int64_t{16} << 20;
-
-// Copies `bytes` with non-temporal stores where the target allows.
-inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
-#if defined(__SSE2__)
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, static_cast<size_t>(head));
-  int64_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  for (; i + 16 <= bytes; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
-#else
-  std::memcpy(dst, src, static_cast<size_t>(bytes));
-#endif
-}
-
-inline void StreamFence() {
-#if defined(__SSE2__)
-  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
-#endif
-}
-
-// A fresh result buffer of many MiB is mapped by the kernel one 4 KiB page fault at a
-// time on first write, and those faults cost more than the copy itself. Asking for
-// transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. A
-// buffer the allocator is reusing (its first page already resident) is left alone:
-// there the hint only adds compaction work. Failure is ignored.
-constexpr uintptr_t kHugeBytes = uintptr_t{2} << 20;
-
-// The 2 MiB-aligned interior [*b, *e) of a buffer; false when it has none or its first
-// huge page is already resident (a buffer the allocator is reusing).
-inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) {
-#if defined(__linux__)
-  if (bytes < kHugeBytes) return false;
-  const uintptr_t p = reinterpret_cast<uintptr_t>(data);
-  *b = (p + kHugeBytes - 1) & ~(kHugeBytes - 1);
-  *e = (p + bytes) & ~(kHugeBytes - 1);
-  if (*e <= *b) return false;
-  unsigned char resident = 0;
-  return !(mincore(reinterpret_cast<void*>(*b), 4096, &resident) == 0 && (resident & 1));
-#else
-  (void)data, (void)bytes, (void)b, (void)e;
-  return false;
-#endif
-}
-
-// Returns true when the hint was given (the buffer is fresh).
-inline bool AdviseHugePages(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  uintptr_t b, e;
-  if (!FreshInterior(data, bytes, &b, &e)) return false;
-  madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-  return true;
-#else
-  (void)data;
-  (void)bytes;
-  return false;
-#endif
 }
 
 }  // namespace jax_ext

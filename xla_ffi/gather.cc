@@ -32,15 +32,14 @@
 
 #include "common.h"
 #include "geometry_v2.h"
+#include "memory.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
 namespace {
 
-constexpr int kMaxRank = 64;
 constexpr int kMaxBatchRank = 64;
-constexpr int64_t kMinChunkBytes = int64_t{1} << 16;  // work per task worth scheduling
 constexpr int64_t kFirst = int64_t{1} << 62;  // scatter target flag: the row's first contribution
 
 inline void PrefetchBytes(const void* p, int64_t bytes) {
@@ -105,8 +104,9 @@ inline bool IsOffsetType(ffi::DataType t) {
   return t == ffi::DataType::S64 || t == ffi::DataType::S32;
 }
 
-// The geometry both kernels share, validated once.
-struct Geometry {
+// src seen as rows, the result's padded rows and the batch: what both kernels read from
+// their attributes, validated once.
+struct RowLayout {
   int rank = 0;
   int dim = 0;
   std::array<int64_t, kMaxRank> shape{};
@@ -122,7 +122,7 @@ struct Geometry {
 };
 
 // Element offset of batch element b for one operand.
-inline int64_t BatchOffset(const Geometry& g, const std::array<int64_t, kMaxBatchRank>& st,
+inline int64_t BatchOffset(const RowLayout& g, const std::array<int64_t, kMaxBatchRank>& st,
                            int64_t b) {
   int64_t off = 0;
   for (int d = g.brank - 1; d >= 0; --d) {
@@ -133,9 +133,9 @@ inline int64_t BatchOffset(const Geometry& g, const std::array<int64_t, kMaxBatc
   return off;
 }
 
-ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> src_shape,
-                        int64_t dim, int64_t row_len, int64_t n,
-                        ffi::Span<const int64_t> batch_shape) {
+ffi::Error ReadRowLayout(const char* op, RowLayout& g, ffi::Span<const int64_t> src_shape,
+                         int64_t dim, int64_t row_len, int64_t n,
+                         ffi::Span<const int64_t> batch_shape) {
   const int64_t rank = static_cast<int64_t>(src_shape.size());
   if (rank < 2 || rank > kMaxRank)
     return ffi::Error::InvalidArgument(Msg(
@@ -187,7 +187,7 @@ ffi::Error ReadGeometry(const char* op, Geometry& g, ffi::Span<const int64_t> sr
 
 // Checks that reading `slice` elements at every batch offset of `strides` stays inside a
 // buffer of `count` elements, and copies the strides.
-ffi::Error CheckOperand(const char* op, const char* name, const Geometry& g,
+ffi::Error CheckOperand(const char* op, const char* name, const RowLayout& g,
                         ffi::Span<const int64_t> strides, int64_t slice, int64_t count,
                         std::array<int64_t, kMaxBatchRank>& out) {
   if (static_cast<int64_t>(strides.size()) != g.brank)
@@ -224,7 +224,7 @@ struct RowBase {
   int64_t rows;  // src_shape[dim]
 };
 
-inline RowBase BaseOf(const Geometry& g, IntOperand offs_op, int64_t at, bool check) {
+inline RowBase BaseOf(const RowLayout& g, IntOperand offs_op, int64_t at, bool check) {
   auto offs = [&](int k) { return offs_op[at + k]; };
   RowBase rb{true, 0, offs(g.dim), g.shape[g.dim]};
   int64_t p = 0;
@@ -266,29 +266,159 @@ inline bool RowOf(const RowBase& rb, I idx, bool check, int64_t* r) {
 // ---------------------------------------------------------------------------------------
 // gather
 
+// Each operand's batch strides (elements), checked against its buffer. `data` is the
+// operand laid out like src: src itself for gather, the result for scatter-add.
+struct OperandStrides {
+  std::array<int64_t, kMaxBatchRank> data{}, offsets{}, index{}, num{}, pad{};
+};
+
 // The operands gather and scatter-add share: offsets, index and num_indices, each with
 // its batch strides checked against its buffer.
-ffi::Error CheckIndexOperands(const char* op, const Geometry& g, const ffi::AnyBuffer& offsets,
+ffi::Error CheckIndexOperands(const char* op, const RowLayout& g, const ffi::AnyBuffer& offsets,
                               const ffi::AnyBuffer& index, const ffi::AnyBuffer& num,
                               ffi::Span<const int64_t> offsets_bstrides,
                               ffi::Span<const int64_t> index_bstrides,
-                              ffi::Span<const int64_t> num_bstrides,
-                              std::array<int64_t, kMaxBatchRank>& ost,
-                              std::array<int64_t, kMaxBatchRank>& ist,
-                              std::array<int64_t, kMaxBatchRank>& nst) {
+                              ffi::Span<const int64_t> num_bstrides, OperandStrides& st) {
   if (!IsOffsetType(offsets.element_type()) || !IsOffsetType(num.element_type()))
     return ffi::Error::InvalidArgument(Msg(op, "offsets and num_indices must be int32 or int64"));
-  if (auto e =
-          CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1, offsets.element_count(), ost);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), ist);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), nst);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(CheckOperand(op, "offsets", g, offsets_bstrides, g.dim + 1,
+                                       offsets.element_count(), st.offsets));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "index", g, index_bstrides, g.n, index.element_count(), st.index));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "num_indices", g, num_bstrides, 1, num.element_count(), st.num));
   return ffi::Error::Success();
+}
+
+// The padded rows of a gather result or scatter-add cotangent: `what` (named so in the
+// message) must hold batch x n x inner x row_len elements, counted without overflow.
+// Sets the elements of one row and the number of rows.
+ffi::Error CheckPaddedRows(const char* op, const char* what, const RowLayout& g, size_t count,
+                           int64_t* row_elems, int64_t* total_rows) {
+  int64_t total;
+  if (__builtin_mul_overflow(g.inner, g.row_len, row_elems) ||
+      __builtin_mul_overflow(g.batch, g.n, total_rows) ||
+      __builtin_mul_overflow(*total_rows, *row_elems, &total) ||
+      total != static_cast<int64_t>(count))
+    return ffi::Error::InvalidArgument(
+        Msg(op, std::string(what) + " has " + std::to_string(count) + " elements, expected " +
+                    std::to_string(g.batch) + " x " + std::to_string(g.n) + " x " +
+                    std::to_string(g.inner) + " x " + std::to_string(g.row_len)));
+  return ffi::Error::Success();
+}
+
+// A validated gather call, typed: T the element (by width), I the index.
+template <typename T, typename I>
+struct GatherCall {
+  const RowLayout& g;
+  const OperandStrides& st;
+  const T* src;
+  IntOperand offsets;
+  const I* index;
+  IntOperand num;
+  const T* pad;
+  T* out;
+  bool check_bounds;
+  int64_t row_out;     // elements of one result row
+  int64_t total_rows;  // result rows, over the whole batch
+};
+
+// The row loop. RB > 0: rows are unpadded and RB bytes long, so the copy is a few inline
+// vector moves; RB == 0: any row.
+template <int64_t RB, typename T, typename I>
+void GatherRows(ffi::ThreadPool& pool, const GatherCall<T, I>& call) {
+  const RowLayout& g = call.g;
+  const OperandStrides& st = call.st;
+  const T* sp = call.src;
+  const IntOperand op_ = call.offsets;
+  const I* ip = call.index;
+  const IntOperand np_ = call.num;
+  const T* pp = call.pad;
+  T* o = call.out;
+  const bool check_bounds = call.check_bounds;
+  const int64_t row_out = call.row_out;
+  const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
+  const int64_t row_src = inner * last;
+  const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
+  const int64_t min_chunk = std::max<int64_t>(
+      1, kGatherMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
+  const int64_t row_bytes = row_src * int64_t(sizeof(T));
+  // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
+  const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
+  // Streaming stores only for results well past the last-level cache: measured at 32 MiB
+  // (random 512-byte rows, 2 threads, the cores shared) regular stores were as fast or
+  // faster, and they leave the result's tail in cache for whatever reads it next.
+  const bool stream = call.total_rows * row_out * int64_t(sizeof(T)) >= 4 * kStreamBytes;
+  DynamicFor(pool, call.total_rows, min_chunk, [&](int64_t begin, int64_t end) {
+    // Source row pointers (nullptr: pad) are computed `ahead` rows before they are
+    // copied, and their lines prefetched then.
+    constexpr int64_t kRing = 128;
+    const T* ring[kRing];
+    int64_t u = begin, b = begin / nn, i = begin - b * nn;
+    while (u < end) {
+      const T* s = sp + BatchOffset(g, st.data, b);
+      const I* ix = ip + BatchOffset(g, st.index, b);
+      const RowBase rb = BaseOf(g, op_, BatchOffset(g, st.offsets, b), check_bounds);
+      const int64_t k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, st.num, b)], 0, nn) : 0;
+      const T pv = pp[BatchOffset(g, st.pad, b)];
+      const int64_t i_end = std::min(nn, i + (end - u));  // rows of b in this block
+      const int64_t i_real = std::max(i, std::min(k, i_end));
+      T* orow = o + u * row_out;
+      auto stage = [&](int64_t j) {
+        int64_t r;
+        const T* q = RowOf(rb, ix[j], check_bounds, &r) ? s + (rb.base + r) * row_src : nullptr;
+        ring[j & (kRing - 1)] = q;
+        if (q) PrefetchBytes(q, RB > 0 ? RB : row_bytes);
+      };
+      int64_t pf = i;
+      for (; pf < std::min(i_real, i + ahead); ++pf) stage(pf);
+      for (int64_t j = i; j < i_real; ++j, orow += row_out) {
+        if (pf < i_real) stage(pf++);
+        const T* srow = ring[j & (kRing - 1)];
+        if (!srow) {
+          std::fill_n(orow, row_out, pv);
+        } else if constexpr (RB > 0) {
+          if (stream)
+            StreamBytes(orow, srow, RB);
+          else
+            std::memcpy(orow, srow, RB);
+        } else if (L == last) {
+          if (stream)
+            StreamBytes(orow, srow, row_bytes);
+          else
+            std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
+        } else {
+          for (int64_t j2 = 0; j2 < inner; ++j2) {
+            std::memcpy(orow + j2 * L, srow + j2 * last, last_bytes);
+            std::fill_n(orow + j2 * L + last, L - last, pv);
+          }
+        }
+      }
+      std::fill_n(orow, (i_end - i_real) * row_out, pv);  // rows past num_indices
+      u += i_end - i;
+      ++b;
+      i = 0;
+    }
+    if (stream) StreamFence();
+  });
+}
+
+// Picks the row loop: specialized on the row size in bytes when the rows are short and
+// unpadded, generic otherwise.
+template <typename T, typename I>
+void GatherKernel(ffi::ThreadPool& pool, const GatherCall<T, I>& call) {
+  const int64_t row_bytes = call.g.inner * call.g.last * int64_t(sizeof(T));
+  if (call.g.row_len == call.g.last) {
+    switch (row_bytes) {
+      case 32: return GatherRows<32>(pool, call);
+      case 64: return GatherRows<64>(pool, call);
+      case 128: return GatherRows<128>(pool, call);
+      case 256: return GatherRows<256>(pool, call);
+      case 512: return GatherRows<512>(pool, call);
+      default: break;
+    }
+  }
+  GatherRows<0>(pool, call);
 }
 
 ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
@@ -300,131 +430,46 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
                       ffi::Span<const int64_t> index_bstrides,
                       ffi::Span<const int64_t> num_bstrides,
                       ffi::Span<const int64_t> pad_bstrides) {
+  // Check the geometry: the attributes, then every operand against its buffer.
   const char* op = "gather";
-  Geometry g;
-  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  RowLayout g;
+  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (src.element_type() != dt || pad.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
   if (IsSubByte(dt))
     return ffi::Error::InvalidArgument(Msg(op, "sub-byte dtypes are not supported"));
-  std::array<int64_t, kMaxBatchRank> sst{}, ost{}, ist{}, nst{}, pst{};
-  if (auto e = CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), sst);
-      e.failure())
-    return e;
-  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
-                                  num_bstrides, ost, ist, nst);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), pst);
-      e.failure())
-    return e;
-  int64_t row_out, total_rows, total;  // row_out: elements of one result row
-  if (__builtin_mul_overflow(g.inner, g.row_len, &row_out) ||
-      __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
-      __builtin_mul_overflow(total_rows, row_out, &total) ||
-      total != static_cast<int64_t>(out->element_count()))
-    return ffi::Error::InvalidArgument(
-        Msg(op, "result has " + std::to_string(out->element_count()) + " elements, expected " +
-                    std::to_string(g.batch) + " x " + std::to_string(g.n) + " x " +
-                    std::to_string(g.inner) + " x " + std::to_string(g.row_len)));
-  if (total == 0) return ffi::Error::Success();
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), st.data));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
+                                             index_bstrides, num_bstrides, st));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), st.pad));
+  int64_t row_out, total_rows;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckPaddedRows(op, "result", g, out->element_count(), &row_out, &total_rows));
+  if (out->element_count() == 0) return ffi::Error::Success();
 
-  const size_t width = ffi::ByteWidth(dt);
-  return DispatchWidth(width, [&](auto wtag) -> ffi::Error {
+  // Run: typed by element width and index type.
+  return DispatchWidth(ffi::ByteWidth(dt), [&](auto wtag) -> ffi::Error {
     using T = decltype(wtag);
     return DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
       using I = decltype(itag);
-      const T* sp = static_cast<const T*>(src.untyped_data());
-      const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
-      const I* ip = static_cast<const I*>(index.untyped_data());
-      const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
-      const T* pp = static_cast<const T*>(pad.untyped_data());
-      T* o = static_cast<T*>(out->untyped_data());
-      PrefaultFresh(pool, o, out->size_bytes());
-      const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
-      const int64_t row_src = inner * last;
-      const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
-      const int64_t min_chunk =
-          std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
-      const int64_t row_bytes = row_src * int64_t(sizeof(T));
-      // Rows ahead whose source lines are prefetched: about 4 KiB in flight.
-      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 2, 64);
-      // Streaming stores only for results well past the last-level cache: measured at 32 MiB
-      // (random 512-byte rows, 2 threads, the cores shared) regular stores were as fast or
-      // faster, and they leave the result's tail in cache for whatever reads it next.
-      const bool stream = total * int64_t(sizeof(T)) >= 4 * kStreamBytes;
-      // The row loop, specialized on the row size in bytes when the rows are short and
-      // unpadded (RB > 0: the copy is a few inline vector moves), generic otherwise.
-      auto run = [&](auto rbtag) {
-        constexpr int64_t RB = decltype(rbtag)::value;
-        DynamicFor(pool, total_rows, min_chunk, [&](int64_t begin, int64_t end) {
-          // Source row pointers (nullptr: pad) are computed `ahead` rows before they are
-          // copied, and their lines prefetched then.
-          constexpr int64_t kRing = 128;
-          const T* ring[kRing];
-          int64_t u = begin, b = begin / nn, i = begin - b * nn;
-          while (u < end) {
-            const T* s = sp + BatchOffset(g, sst, b);
-            const I* ix = ip + BatchOffset(g, ist, b);
-            const RowBase rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
-            const int64_t k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, nn) : 0;
-            const T pv = pp[BatchOffset(g, pst, b)];
-            const int64_t i_end = std::min(nn, i + (end - u));  // rows of b in this block
-            const int64_t i_real = std::max(i, std::min(k, i_end));
-            T* orow = o + u * row_out;
-            auto stage = [&](int64_t j) {
-              int64_t r;
-              const T* q =
-                  RowOf(rb, ix[j], check_bounds, &r) ? s + (rb.base + r) * row_src : nullptr;
-              ring[j & (kRing - 1)] = q;
-              if (q) PrefetchBytes(q, RB > 0 ? RB : row_bytes);
-            };
-            int64_t pf = i;
-            for (; pf < std::min(i_real, i + ahead); ++pf) stage(pf);
-            for (int64_t j = i; j < i_real; ++j, orow += row_out) {
-              if (pf < i_real) stage(pf++);
-              const T* srow = ring[j & (kRing - 1)];
-              if (!srow) {
-                std::fill_n(orow, row_out, pv);
-              } else if constexpr (RB > 0) {
-                if (stream)
-                  StreamBytes(orow, srow, RB);
-                else
-                  std::memcpy(orow, srow, RB);
-              } else if (L == last) {
-                if (stream)
-                  StreamBytes(orow, srow, row_bytes);
-                else
-                  std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
-              } else {
-                for (int64_t j2 = 0; j2 < inner; ++j2) {
-                  std::memcpy(orow + j2 * L, srow + j2 * last, last_bytes);
-                  std::fill_n(orow + j2 * L + last, L - last, pv);
-                }
-              }
-            }
-            std::fill_n(orow, (i_end - i_real) * row_out, pv);  // rows past num_indices
-            u += i_end - i;
-            ++b;
-            i = 0;
-          }
-          if (stream) StreamFence();
-        });
-      };
-      using std::integral_constant;
-      if (L == last && row_bytes == 32)
-        run(integral_constant<int64_t, 32>{});
-      else if (L == last && row_bytes == 64)
-        run(integral_constant<int64_t, 64>{});
-      else if (L == last && row_bytes == 128)
-        run(integral_constant<int64_t, 128>{});
-      else if (L == last && row_bytes == 256)
-        run(integral_constant<int64_t, 256>{});
-      else if (L == last && row_bytes == 512)
-        run(integral_constant<int64_t, 512>{});
-      else
-        run(integral_constant<int64_t, 0>{});
+      const GatherCall<T, I> call{
+          g,
+          st,
+          static_cast<const T*>(src.untyped_data()),
+          IntOperand{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64},
+          static_cast<const I*>(index.untyped_data()),
+          IntOperand{num.untyped_data(), num.element_type() == ffi::DataType::S64},
+          static_cast<const T*>(pad.untyped_data()),
+          static_cast<T*>(out->untyped_data()),
+          check_bounds,
+          row_out,
+          total_rows};
+      PrefaultFresh(pool, call.out, out->size_bytes());
+      GatherKernel(pool, call);
       return ffi::Error::Success();
     });
   });
@@ -432,23 +477,6 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
 
 // ---------------------------------------------------------------------------------------
 // scatter-add
-
-// Zeroes `bytes`, with non-temporal stores when `stream`.
-inline void ZeroBytes(void* dst, int64_t bytes, bool stream) {
-#if defined(__SSE2__)
-  if (stream) {
-    auto* d = static_cast<uint8_t*>(dst);
-    const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-    std::memset(d, 0, static_cast<size_t>(head));
-    int64_t i = head;
-    const __m128i z = _mm_setzero_si128();
-    for (; i + 16 <= bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), z);
-    std::memset(d + i, 0, static_cast<size_t>(bytes - i));
-    return;
-  }
-#endif
-  std::memset(dst, 0, static_cast<size_t>(bytes));
-}
 
 inline float Bf16ToF32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -475,79 +503,66 @@ inline uint16_t F32ToF16(float f) {
   return h;
 }
 
-// How a dtype is accumulated: Acc is the adding type, `scale` the Acc values per element
-// (2 for complex), and Load/Store convert stored 16-bit floats.
+// How a dtype is accumulated: as Acc, converted from and to the stored 16-bit floats for
+// kF16 and kBF16.
 enum class Conv { kNone, kF16, kBF16 };
 
-template <typename Acc, Conv C>
-ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_data, void* out_data,
-                      int64_t out_elems, int scale, const int64_t* targets, const uint64_t* seen,
-                      int64_t total_rows) {
-  using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
-  const int64_t E = g.inner * g.last * scale;  // Acc values per src row
-  const int64_t L = g.row_len * scale;         // Acc values per padded ct sub-row
-  const int64_t last = g.last * scale;
-  const int64_t row_ct = g.inner * L;       // Acc values per ct row
-  const int64_t out_n = out_elems * scale;  // Acc values in the output
-  const Stored* ct = static_cast<const Stored*>(ct_data);
-  // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
-  // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
-  // rows no contribution reaches (clear in `seen`) are zeroed.
-  // The output does not stay in cache: first contributions and zeroed rows are written
-  // with non-temporal stores (no read of the line before it is overwritten).
-  const bool stream = C == Conv::kNone && out_n * int64_t(sizeof(Acc)) >= kStreamBytes;
-#if defined(__SSE2__)
-  const bool nt_first = stream && std::is_same_v<Acc, float>;
-#else
-  const bool nt_first = false;
-#endif
-  std::unique_ptr<Acc[]> scratch;
-  Acc* acc;
-  if constexpr (C == Conv::kNone) {
-    acc = static_cast<Acc*>(out_data);
-  } else {
-    scratch.reset(new Acc[static_cast<size_t>(out_n)]);
-    acc = scratch.get();
-  }
-  {
-    const int64_t out_rows = E > 0 ? out_n / E : 0;
-    ParallelFor(
-        pool, out_rows,
-        std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
-        [&](int64_t rb, int64_t re) {
-          for (int64_t t = rb; t < re;) {
-            if (seen[t >> 6] >> (t & 63) & 1) {
-              ++t;
-              continue;
-            }
-            int64_t z = t + 1;
-            while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
-              if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
-                z += 64;
-              else
-                ++z;
-            }
-            ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
-            t = z;
+// Zeroes the output rows of E Acc values no contribution reaches (clear in `seen`), and
+// the tail past the last whole row, with non-temporal stores when `stream`.
+template <typename Acc>
+void ZeroUnreachedRows(ffi::ThreadPool& pool, Acc* acc, int64_t E, int64_t out_n,
+                       const uint64_t* seen, bool stream) {
+  const int64_t out_rows = E > 0 ? out_n / E : 0;
+  ParallelFor(
+      pool, out_rows,
+      std::max<int64_t>(1, kGatherMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
+      [&](int64_t rb, int64_t re) {
+        for (int64_t t = rb; t < re;) {
+          if (seen[t >> 6] >> (t & 63) & 1) {
+            ++t;
+            continue;
           }
-          if (stream) StreamFence();
-        });
-    if (out_rows * E < out_n)
-      std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
-  }
-  auto load = [](Stored v) -> Acc {
+          int64_t z = t + 1;
+          while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
+            if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
+              z += 64;
+            else
+              ++z;
+          }
+          ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
+          t = z;
+        }
+        if (stream) StreamFence();
+      });
+  if (out_rows * E < out_n)
+    std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
+}
+
+// Adds columns [c0, c1) of ct row u into output row t of `acc` (stores them into a zero
+// when kFirst in t marks the row's first contribution). Counts are in Acc values.
+template <typename Acc, Conv C>
+struct RowAdder {
+  using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
+  const Stored* ct;
+  Acc* acc;
+  int64_t E;       // per src row
+  int64_t L;       // per padded ct sub-row
+  int64_t last;    // per src sub-row
+  int64_t row_ct;  // per ct row
+  bool stream;
+
+  static Acc Load(Stored v) {
     if constexpr (C == Conv::kF16)
       return F16ToF32(v);
     else if constexpr (C == Conv::kBF16)
       return Bf16ToF32(v);
     else
       return v;
-  };
-  // Adds columns [c0, c1) of ct row u into output row t (stores them into a zero when
-  // this is the row's first contribution).
-  auto add_cols = [&](auto first, const Stored* __restrict cr, Acc* __restrict arow, int64_t a,
-                      int64_t z) {
-    if constexpr (decltype(first)::value) {
+  }
+
+  template <bool kFirstAdd>
+  void AddCols(const Stored* __restrict cr, Acc* __restrict arow, int64_t a, int64_t z) const {
+    if constexpr (kFirstAdd) {
 #if defined(__SSE2__)
       if constexpr (C == Conv::kNone && std::is_same_v<Acc, float>) {
         if (stream) {
@@ -560,21 +575,22 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
         }
       }
 #endif
-      for (int64_t c = a; c < z; ++c) arow[c] = static_cast<Acc>(Acc{0} + load(cr[c]));
+      for (int64_t c = a; c < z; ++c) arow[c] = static_cast<Acc>(Acc{0} + Load(cr[c]));
     } else {
-      for (int64_t c = a; c < z; ++c) arow[c] += load(cr[c]);
+      for (int64_t c = a; c < z; ++c) arow[c] += Load(cr[c]);
     }
-  };
-  auto add = [&](int64_t u, int64_t tt, int64_t c0, int64_t c1) {
+  }
+
+  void operator()(int64_t u, int64_t tt, int64_t c0, int64_t c1) const {
     const bool first = (tt & kFirst) != 0;
     const int64_t t = tt & ~kFirst;
     const Stored* crow = ct + u * row_ct;
     Acc* arow = acc + t * E;
     auto go = [&](const Stored* cr, int64_t a, int64_t z) {
       if (first)
-        add_cols(std::true_type{}, cr, arow, a, z);
+        AddCols<true>(cr, arow, a, z);
       else
-        add_cols(std::false_type{}, cr, arow, a, z);
+        AddCols<false>(cr, arow, a, z);
     };
     if (L == last) {
       go(crow, c0, c1);
@@ -584,53 +600,135 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const Geometry& g, const void* ct_d
         go(crow + j * L - j * last, a, z);
       }
     }
-  };
+  }
+};
+
+// Long rows: each task owns a column range of every output row.
+template <typename Acc, Conv C>
+void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
+                  int64_t total_rows, int64_t threads, bool nt_first) {
+  const int64_t E = add.E;
+  const Acc* acc = add.acc;
+  const int64_t tasks = std::min<int64_t>(threads, E / 64);
+  ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t tk = tb; tk < te; ++tk) {
+      const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
+      const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
+      // Output rows are hit in random order: prefetch the owned part of the rows a
+      // few targets ahead (about 4 KiB in flight) for writing.
+      const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
+      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
+      for (int64_t u = 0; u < total_rows; ++u) {
+        // (A first contribution streamed in needs no read of the line.)
+        if (u + ahead < total_rows && targets[u + ahead] >= 0 &&
+            !(nt_first && (targets[u + ahead] & kFirst))) {
+          const char* p =
+              reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
+          for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
+        }
+        if (targets[u] >= 0) add(u, targets[u], c0, c1);
+      }
+    }
+    if (add.stream) StreamFence();
+  });
+}
+
+// Short rows: each task owns a range of output rows and scans every target.
+template <typename Acc, Conv C>
+void AddByRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
+               int64_t total_rows, int64_t threads, int64_t out_n, int64_t work) {
+  const int64_t E = add.E;
+  const int64_t out_rows = E > 0 ? out_n / E : 0;
+  const int64_t min_rows = work >= 2 * kGatherMinChunkBytes
+                               ? std::max<int64_t>(1, out_rows / threads)
+                               : std::max<int64_t>(1, out_rows);
+  ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
+    for (int64_t u = 0; u < total_rows; ++u) {
+      const int64_t t = targets[u] & ~kFirst;
+      if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
+    }
+    if (add.stream) StreamFence();
+  });
+}
+
+// Adds every ct row into its target output row. Acc is the adding type and `lanes` the
+// Acc values per element (2 for complex).
+template <typename Acc, Conv C>
+ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_data,
+                      void* out_data, int64_t out_elems, int lanes, const int64_t* targets,
+                      const uint64_t* seen, int64_t total_rows) {
+  using Stored = typename RowAdder<Acc, C>::Stored;
+  const int64_t E = g.inner * g.last * lanes;  // Acc values per src row
+  const int64_t L = g.row_len * lanes;         // Acc values per padded ct sub-row
+  const int64_t out_n = out_elems * lanes;     // Acc values in the output
+  // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
+  // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
+  // rows no contribution reaches (clear in `seen`) are zeroed.
+  // The output does not stay in cache: first contributions and zeroed rows are written
+  // with non-temporal stores (no read of the line before it is overwritten).
+  const bool stream = C == Conv::kNone && out_n * int64_t(sizeof(Acc)) >= kStreamBytes;
+#if defined(__SSE2__)
+  const bool nt_first = stream && std::is_same_v<Acc, float>;
+#else
+  const bool nt_first = false;
+#endif
+  std::unique_ptr<Acc[]> scratch;  // 16-bit floats accumulate here, rounded once at the end
+  Acc* acc;
+  if constexpr (C == Conv::kNone) {
+    acc = static_cast<Acc*>(out_data);
+  } else {
+    scratch.reset(new Acc[static_cast<size_t>(out_n)]);
+    acc = scratch.get();
+  }
+  ZeroUnreachedRows(pool, acc, E, out_n, seen, stream);
+  const RowAdder<Acc, C> add{
+      static_cast<const Stored*>(ct_data), acc, E, L, g.last * lanes, g.inner * L, stream};
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t work = total_rows * E * int64_t(sizeof(Acc));
-  if (E >= 128 && work >= 2 * kMinChunkBytes) {
-    // Long rows: each task owns a column range of every output row.
-    const int64_t tasks = std::min<int64_t>(threads, E / 64);
-    ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t tk = tb; tk < te; ++tk) {
-        const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
-        const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
-        // Output rows are hit in random order: prefetch the owned part of the rows a
-        // few targets ahead (about 4 KiB in flight) for writing.
-        const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
-        const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
-        for (int64_t u = 0; u < total_rows; ++u) {
-          // (A first contribution streamed in needs no read of the line.)
-          if (u + ahead < total_rows && targets[u + ahead] >= 0 &&
-              !(nt_first && (targets[u + ahead] & kFirst))) {
-            const char* p =
-                reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
-            for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
-          }
-          if (targets[u] >= 0) add(u, targets[u], c0, c1);
-        }
-      }
-      if (stream) StreamFence();
-    });
-  } else {
-    // Short rows: each task owns a range of output rows and scans every target.
-    const int64_t out_rows = E > 0 ? out_n / E : 0;
-    const int64_t min_rows = work >= 2 * kMinChunkBytes ? std::max<int64_t>(1, out_rows / threads)
-                                                        : std::max<int64_t>(1, out_rows);
-    ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
-      for (int64_t u = 0; u < total_rows; ++u) {
-        const int64_t t = targets[u] & ~kFirst;
-        if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
-      }
-      if (stream) StreamFence();
-    });
-  }
+  if (E >= 128 && work >= 2 * kGatherMinChunkBytes)
+    AddByColumns(pool, add, targets, total_rows, threads, nt_first);
+  else
+    AddByRows(pool, add, targets, total_rows, threads, out_n, work);
   if constexpr (C != Conv::kNone) {
     uint16_t* o = static_cast<uint16_t*>(out_data);
-    ParallelFor(pool, out_n, kMinChunkBytes / 4, [&](int64_t b, int64_t e) {
+    ParallelFor(pool, out_n, kGatherMinChunkBytes / 4, [&](int64_t b, int64_t e) {
       for (int64_t x = b; x < e; ++x) o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
     });
   }
   return ffi::Error::Success();
+}
+
+// The output row (in units of row_src elements) each ct row adds into, -1 when the row is
+// dropped, kFirst set on the first (in ct order) that reaches its row; `seen` marks the
+// output rows some ct row reaches.
+ffi::Error FindTargets(const RowLayout& g, const OperandStrides& st, const ffi::AnyBuffer& offsets,
+                       const ffi::AnyBuffer& index, const ffi::AnyBuffer& num, bool check_bounds,
+                       int64_t row_src, std::vector<int64_t>& targets,
+                       std::vector<uint64_t>& seen) {
+  return DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
+    using I = decltype(itag);
+    const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
+    const I* ip = static_cast<const I*>(index.untyped_data());
+    const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const RowBase rb = BaseOf(g, op_, BatchOffset(g, st.offsets, b), check_bounds);
+      if (!rb.ok) continue;
+      const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, st.num, b)], 0, g.n);
+      const I* ix = ip + BatchOffset(g, st.index, b);
+      const int64_t ob = BatchOffset(g, st.data, b) / row_src;  // src_size is a multiple
+      for (int64_t i = 0; i < k; ++i) {
+        int64_t r;
+        if (RowOf(rb, ix[i], check_bounds, &r)) {
+          const int64_t t = ob + rb.base + r;
+          uint64_t& w = seen[static_cast<size_t>(t >> 6)];
+          const uint64_t bit = uint64_t{1} << (t & 63);
+          targets[b * g.n + i] = (w & bit) ? t : (t | kFirst);
+          w |= bit;
+        }
+      }
+    }
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
@@ -641,66 +739,34 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
                           ffi::Span<const int64_t> offsets_bstrides,
                           ffi::Span<const int64_t> index_bstrides,
                           ffi::Span<const int64_t> num_bstrides) {
+  // Check the geometry: the attributes, then every operand against its buffer.
   const char* op = "scatter_add";
-  Geometry g;
-  if (auto e = ReadGeometry(op, g, src_shape, dim, row_len, n, batch_shape); e.failure()) return e;
+  RowLayout g;
+  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
   const ffi::DataType dt = out->element_type();
   if (ct.element_type() != dt)
     return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
-  std::array<int64_t, kMaxBatchRank> xst{}, ost{}, ist{}, nst{};
-  if (auto e = CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides, index_bstrides,
-                                  num_bstrides, ost, ist, nst);
-      e.failure())
-    return e;
-  if (auto e = CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), xst);
-      e.failure())
-    return e;
-  int64_t row_ct, total_rows, total;
-  if (__builtin_mul_overflow(g.inner, g.row_len, &row_ct) ||
-      __builtin_mul_overflow(g.batch, g.n, &total_rows) ||
-      __builtin_mul_overflow(total_rows, row_ct, &total) ||
-      total != static_cast<int64_t>(ct.element_count()))
-    return ffi::Error::InvalidArgument(
-        Msg(op, "the cotangent has " + std::to_string(ct.element_count()) + " elements, expected " +
-                    std::to_string(g.batch) + " x " + std::to_string(g.n) + " x " +
-                    std::to_string(g.inner) + " x " + std::to_string(g.row_len)));
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
+                                             index_bstrides, num_bstrides, st));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), st.data));
+  int64_t row_ct, total_rows;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckPaddedRows(op, "the cotangent", g, ct.element_count(), &row_ct, &total_rows));
   const int64_t out_elems = static_cast<int64_t>(out->element_count());
   if (out_elems == 0) return ffi::Error::Success();
-  const int64_t row_src = g.inner * g.last;
 
-  // Output row (in units of row_src elements) each ct row adds into, -1 when dropped.
+  // Where each ct row goes.
+  const int64_t row_src = g.inner * g.last;
   std::vector<int64_t> targets(static_cast<size_t>(total_rows), -1);
-  // Output rows some ct row adds into; kFirst marks the first (in ct order) of each.
   const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
   std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
-  if (row_src > 0) {
-    ffi::Error err = DispatchIndex(index.element_type(), [&](auto itag) -> ffi::Error {
-      using I = decltype(itag);
-      const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
-      const I* ip = static_cast<const I*>(index.untyped_data());
-      const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
-      for (int64_t b = 0; b < g.batch; ++b) {
-        const RowBase rb = BaseOf(g, op_, BatchOffset(g, ost, b), check_bounds);
-        if (!rb.ok) continue;
-        const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, nst, b)], 0, g.n);
-        const I* ix = ip + BatchOffset(g, ist, b);
-        const int64_t ob = BatchOffset(g, xst, b) / row_src;  // src_size is a multiple
-        for (int64_t i = 0; i < k; ++i) {
-          int64_t r;
-          if (RowOf(rb, ix[i], check_bounds, &r)) {
-            const int64_t t = ob + rb.base + r;
-            uint64_t& w = seen[static_cast<size_t>(t >> 6)];
-            const uint64_t bit = uint64_t{1} << (t & 63);
-            targets[b * g.n + i] = (w & bit) ? t : (t | kFirst);
-            w |= bit;
-          }
-        }
-      }
-      return ffi::Error::Success();
-    });
-    if (err.failure()) return err;
-  }
+  if (row_src > 0)
+    JAX_EXT_RETURN_IF_ERROR(
+        FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets, seen));
   PrefaultFresh(pool, out->untyped_data(), out->size_bytes());
+
   // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
   // as unsigned of their width (two's complement wraps alike), complex as float lanes.
   auto run = [&](auto acc, auto conv, int64_t lanes) {
@@ -729,62 +795,17 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   }
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherHandler, GatherImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // src
-                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
-                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
-                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
-                                  .Arg<ffi::AnyBuffer>()  // pad_value
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("src_shape")
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("row_len")
-                                  .Attr<int64_t>("n")
-                                  .Attr<bool>("check_bounds")
-                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
-                                  .Attr<ffi::Span<const int64_t>>("src_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("num_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("pad_bstrides"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // ct (padded rows)
-                                  .Arg<ffi::AnyBuffer>()  // offsets (int64)
-                                  .Arg<ffi::AnyBuffer>()  // index (any integer)
-                                  .Arg<ffi::AnyBuffer>()  // num_indices (int64)
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("src_shape")
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("row_len")
-                                  .Attr<int64_t>("n")
-                                  .Attr<bool>("check_bounds")
-                                  .Attr<ffi::Span<const int64_t>>("batch_shape")
-                                  .Attr<ffi::Span<const int64_t>>("out_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("offsets_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("index_bstrides")
-                                  .Attr<ffi::Span<const int64_t>>("num_bstrides"));
-
 // v2: the same kernels; shapes, sizes and batch strides come from the buffers
 // (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
-namespace {
 ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
                         ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
                         ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
                         bool check_bounds) {
-  v2::GatherGeometry g;
+  v2::GatherAttrs g;
   std::vector<int64_t> st[5];
-  if (auto e = v2::GatherFromBuffers(src.dimensions(), offsets.dimensions(), index.dimensions(),
-                                     num.dimensions(), pad.dimensions(), out->dimensions(), nbatch,
-                                     dim, g, st);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(v2::GatherFromBuffers(
+      src.dimensions(), offsets.dimensions(), index.dimensions(), num.dimensions(),
+      pad.dimensions(), out->dimensions(), nbatch, dim, g, st));
   return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim, g.row_len,
                     g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
                     v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
@@ -794,41 +815,78 @@ ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuf
                             ffi::AnyBuffer index, ffi::AnyBuffer num,
                             ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
                             bool check_bounds) {
-  v2::GatherGeometry g;
+  v2::GatherAttrs g;
   std::vector<int64_t> st[4];
-  if (auto e = v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(), index.dimensions(),
-                                      num.dimensions(), out->dimensions(), nbatch, dim, g, st);
-      e.failure())
-    return e;
+  JAX_EXT_RETURN_IF_ERROR(v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(),
+                                                 index.dimensions(), num.dimensions(),
+                                                 out->dimensions(), nbatch, dim, g, st));
   return ScatterAddImpl(pool, ct, offsets, index, num, out, v2::Of(g.src_shape), dim, g.row_len,
                         g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
                         v2::Of(st[2]), v2::Of(st[3]));
 }
+
+// The bindings, each piece written once: the operands of an op are the same for its v1
+// and v2 targets, and v1's attributes are the same for both ops but for the batch strides
+// of the operand laid out like src.
+
+// The offsets, index and num_indices operands, as both ops take them.
+template <typename B>
+auto WithIndexOperands(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()   // offsets (int32 or int64)
+      .template Arg<ffi::AnyBuffer>()   // index (any integer)
+      .template Arg<ffi::AnyBuffer>();  // num_indices (int32 or int64)
+}
+
+// gather(src, offsets, index, num_indices, pad_value) -> result.
+auto GatherOperands() {
+  return WithIndexOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>())  // src
+      .Arg<ffi::AnyBuffer>()  // pad_value
+      .Ret<ffi::AnyBuffer>();
+}
+
+// scatter_add(ct, offsets, index, num_indices) -> result (laid out like src); ct holds
+// the padded rows.
+auto ScatterAddOperands() {
+  return WithIndexOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>())  // ct
+      .Ret<ffi::AnyBuffer>();
+}
+
+// The v1 attributes, in order; `data_bstrides` names the batch strides of the operand
+// laid out like src (src for gather, the result for scatter-add).
+template <typename B>
+auto WithV1Attrs(B b, const char* data_bstrides) {
+  using Span = ffi::Span<const int64_t>;
+  return std::move(b)
+      .template Attr<Span>("src_shape")
+      .template Attr<int64_t>("dim")
+      .template Attr<int64_t>("row_len")
+      .template Attr<int64_t>("n")
+      .template Attr<bool>("check_bounds")
+      .template Attr<Span>("batch_shape")
+      .template Attr<Span>(data_bstrides)
+      .template Attr<Span>("offsets_bstrides")
+      .template Attr<Span>("index_bstrides")
+      .template Attr<Span>("num_bstrides");
+}
+
+// The v2 attributes: only what is static under shape polymorphism.
+template <typename B>
+auto WithV2Attrs(B b) {
+  return std::move(b)
+      .template Attr<int64_t>("dim")
+      .template Attr<int64_t>("nbatch")
+      .template Attr<bool>("check_bounds");
+}
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // src
-                                  .Arg<ffi::AnyBuffer>()  // offsets
-                                  .Arg<ffi::AnyBuffer>()  // index
-                                  .Arg<ffi::AnyBuffer>()  // num_indices
-                                  .Arg<ffi::AnyBuffer>()  // pad_value
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("nbatch")
-                                  .Attr<bool>("check_bounds"));
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    GatherHandler, GatherImpl,
+    WithV1Attrs(GatherOperands(), "src_bstrides").Attr<ffi::Span<const int64_t>>("pad_bstrides"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
+                              WithV1Attrs(ScatterAddOperands(), "out_bstrides"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl, WithV2Attrs(GatherOperands()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddV2Handler, ScatterAddV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // ct
-                                  .Arg<ffi::AnyBuffer>()  // offsets
-                                  .Arg<ffi::AnyBuffer>()  // index
-                                  .Arg<ffi::AnyBuffer>()  // num_indices
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("dim")
-                                  .Attr<int64_t>("nbatch")
-                                  .Attr<bool>("check_bounds"));
+                              WithV2Attrs(ScatterAddOperands()));
 
 }  // namespace jax_ext

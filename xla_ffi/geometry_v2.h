@@ -41,10 +41,10 @@ inline bool DenseStrides(Dims dims, std::vector<int64_t>& st) {
 
 // --- select -----------------------------------------------------------------------------
 
-// Shape and per-operand element strides over the result, with size-1 dims dropped and
-// neighbours every operand walks contiguously merged (the same collapse Python does for
-// v1). Always rank >= 1.
-struct SelectGeometry {
+// The v1 attributes of one select call: shape and per-operand element strides over the
+// result, with size-1 dims dropped and neighbours every operand walks contiguously merged
+// (the same collapse Python does for v1). Always rank >= 1.
+struct SelectAttrs {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides[3];
 };
@@ -52,7 +52,7 @@ struct SelectGeometry {
 // `maps[k][j]`: the result dimension operand k's dimension j lies along (a size-1
 // dimension broadcasts; result dimensions an operand does not name are broadcast).
 inline ffi::Error SelectFromBuffers(Dims out, const Dims operands[3], const Dims maps[3],
-                                    SelectGeometry& g) {
+                                    SelectAttrs& g) {
   static const char* names[3] = {"cond", "x", "y"};
   const size_t rank = out.size();
   std::vector<std::vector<int64_t>> st(3, std::vector<int64_t>(rank, 0));
@@ -114,7 +114,7 @@ inline ffi::Error SelectFromBuffers(Dims out, const Dims operands[3], const Dims
 // --- gather and scatter-add ------------------------------------------------------------
 
 // The v1 attributes of one gather or scatter-add call.
-struct GatherGeometry {
+struct GatherAttrs {
   std::vector<int64_t> src_shape;    // one src
   std::vector<int64_t> batch_shape;  // the full batch shape, [1] without batch dims
   int64_t row_len = 0, n = 0;
@@ -160,26 +160,50 @@ inline ffi::Error BatchStrides(const char* op, const char* name, Dims d, int64_t
   return ffi::Error::Success();
 }
 
+// One operand of a gather or scatter-add call: its name in messages, its dims and its
+// rank past the batch dims.
+struct Operand {
+  const char* name;
+  Dims dims;
+  int64_t rest;
+};
+
+// What gather and scatter-add share: the full batch shape over `all` operands; src_shape,
+// the dims past the batch of `data` (src itself, or scatter-add's result), which must
+// have a dim `dim` before its last; and the batch strides of `data` and then of each of
+// `others`, in bstrides[0], bstrides[1], ... Sets *srank, the rank of src.
+inline ffi::Error SrcAndBatch(const char* op, int64_t nbatch, int64_t dim,
+                              std::initializer_list<Dims> all, const char* data_name, Dims data,
+                              std::initializer_list<Operand> others, GatherAttrs& g,
+                              std::vector<int64_t>* bstrides, int64_t* srank) {
+  JAX_EXT_RETURN_IF_ERROR(BatchShape(op, nbatch, all, g.batch_shape));
+  *srank = static_cast<int64_t>(data.size()) - nbatch;
+  if (*srank < 2 || dim < 0 || dim > *srank - 2)
+    return Bad(op, std::string(data_name) + " " + ShapeString(data) + " with nbatch " +
+                       std::to_string(nbatch) + " has no dim " + std::to_string(dim) +
+                       " before its last");
+  g.src_shape.assign(data.begin() + nbatch, data.end());
+  JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, data_name, data, nbatch, *srank, bstrides[0]));
+  size_t k = 1;
+  for (const Operand& o : others)
+    JAX_EXT_RETURN_IF_ERROR(BatchStrides(op, o.name, o.dims, nbatch, o.rest, bstrides[k++]));
+  return ffi::Error::Success();
+}
+
 // gather(src, offsets, index, num, pad) -> out of shape
 // batch + (n, *src_shape[dim+1:-1], row_len).
 inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num, Dims pad,
-                                    Dims out, int64_t nbatch, int64_t dim, GatherGeometry& g,
+                                    Dims out, int64_t nbatch, int64_t dim, GatherAttrs& g,
                                     std::vector<int64_t> bstrides[5]) {
   const char* op = "gather";
-  if (auto e = BatchShape(op, nbatch, {src, offsets, index, num, pad, out}, g.batch_shape);
-      e.failure())
-    return e;
-  const int64_t srank = static_cast<int64_t>(src.size()) - nbatch;
-  if (srank < 2 || dim < 0 || dim > srank - 2)
-    return Bad(op, "src " + ShapeString(src) + " with nbatch " + std::to_string(nbatch) +
-                       " has no dim " + std::to_string(dim) + " before its last");
-  g.src_shape.assign(src.begin() + nbatch, src.end());
-  const Dims* ops[5] = {&src, &offsets, &index, &num, &pad};
-  const char* names[5] = {"src", "offsets", "index", "num_indices", "pad_value"};
-  const int64_t rest[5] = {srank, 1, 1, 0, 0};
-  for (int k = 0; k < 5; ++k)
-    if (auto e = BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]); e.failure())
-      return e;
+  int64_t srank;
+  JAX_EXT_RETURN_IF_ERROR(SrcAndBatch(op, nbatch, dim, {src, offsets, index, num, pad, out}, "src",
+                                      src,
+                                      {{"offsets", offsets, 1},
+                                       {"index", index, 1},
+                                       {"num_indices", num, 0},
+                                       {"pad_value", pad, 0}},
+                                      g, bstrides, &srank));
   g.n = index[nbatch];
   const int64_t orank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(out.size()) != nbatch + orank)
@@ -199,22 +223,14 @@ inline ffi::Error GatherFromBuffers(Dims src, Dims offsets, Dims index, Dims num
 // scatter_add(ct, offsets, index, num) -> out of shape out_batch + src_shape, where ct
 // has shape batch + (n, *src_shape[dim+1:-1], row_len).
 inline ffi::Error ScatterFromBuffers(Dims ct, Dims offsets, Dims index, Dims num, Dims out,
-                                     int64_t nbatch, int64_t dim, GatherGeometry& g,
+                                     int64_t nbatch, int64_t dim, GatherAttrs& g,
                                      std::vector<int64_t> bstrides[4]) {
   const char* op = "scatter_add";
-  if (auto e = BatchShape(op, nbatch, {ct, offsets, index, num, out}, g.batch_shape); e.failure())
-    return e;
-  const int64_t srank = static_cast<int64_t>(out.size()) - nbatch;
-  if (srank < 2 || dim < 0 || dim > srank - 2)
-    return Bad(op, "result " + ShapeString(out) + " with nbatch " + std::to_string(nbatch) +
-                       " has no dim " + std::to_string(dim) + " before its last");
-  g.src_shape.assign(out.begin() + nbatch, out.end());
-  const Dims* ops[4] = {&out, &offsets, &index, &num};
-  const char* names[4] = {"result", "offsets", "index", "num_indices"};
-  const int64_t rest[4] = {srank, 1, 1, 0};
-  for (int k = 0; k < 4; ++k)
-    if (auto e = BatchStrides(op, names[k], *ops[k], nbatch, rest[k], bstrides[k]); e.failure())
-      return e;
+  int64_t srank;
+  JAX_EXT_RETURN_IF_ERROR(
+      SrcAndBatch(op, nbatch, dim, {ct, offsets, index, num, out}, "result", out,
+                  {{"offsets", offsets, 1}, {"index", index, 1}, {"num_indices", num, 0}}, g,
+                  bstrides, &srank));
   const int64_t crank = 1 + (srank - dim - 2) + 1;
   if (static_cast<int64_t>(ct.size()) != nbatch + crank)
     return Bad(op, "cotangent " + ShapeString(ct) + " does not fit result " + ShapeString(out));

@@ -1,17 +1,19 @@
 // The Python extension: hands each FFI handler to Python as a capsule.
 #include <nanobind/nanobind.h>
 
+#include "xla/ffi/api/api.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
 
+// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc and gather.cc.
 namespace jax_ext {
-extern "C" XLA_FFI_Error* SelectHandler(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* GatherHandler(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* ScatterAddHandler(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* SelectV2Handler(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* GatherV2Handler(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* ScatterAddV2Handler(XLA_FFI_CallFrame*);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectV2Handler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherV2Handler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddV2Handler);
 }  // namespace jax_ext
 
 namespace {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 
-#include "common.h"
+#include "memory.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {

@@ -10,14 +10,12 @@
 
 #include "common.h"
 #include "geometry_v2.h"
+#include "memory.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
 namespace {
-
-constexpr int kMaxRank = 64;
-constexpr int64_t kMinChunkBytes = int64_t{1} << 18;  // per-thread work worth a task
 
 // One output row of length n. CS/XS/YS: the inner stride as a compile-time 0 or 1
 // (vectorizable), or -1 for a runtime stride.
@@ -82,7 +80,9 @@ InPlaceFn<T> ChooseInPlace(int64_t cs, int64_t ys) {
   return table[cs][ys];
 }
 
-struct Geometry {
+// The validated walk: the (collapsed) result shape and each operand's element strides
+// over it.
+struct SelectLayout {
   int rank;
   std::array<int64_t, kMaxRank> shape;
   std::array<std::array<int64_t, kMaxRank>, 3> strides;  // cond, x, y (elements)
@@ -91,7 +91,7 @@ struct Geometry {
 // Calls row(n, offsets[3], out_offset) for every maximal run of the innermost
 // dimension that lies in the linear output range [begin, end).
 template <typename RowCall>
-void ForEachRow(const Geometry& g, int64_t begin, int64_t end, RowCall&& row) {
+void ForEachRow(const SelectLayout& g, int64_t begin, int64_t end, RowCall&& row) {
   const int last = g.rank - 1;
   const int64_t inner = g.shape[last];
   std::array<int64_t, kMaxRank> idx{};
@@ -119,7 +119,7 @@ void ForEachRow(const Geometry& g, int64_t begin, int64_t end, RowCall&& row) {
 }
 
 // Largest element offset an operand is read at, or -1 on overflow.
-int64_t MaxOffset(const Geometry& g, int k) {
+int64_t MaxOffset(const SelectLayout& g, int k) {
   int64_t m = 0;
   for (int d = 0; d < g.rank; ++d) {
     int64_t t;
@@ -130,23 +130,21 @@ int64_t MaxOffset(const Geometry& g, int k) {
   return m;
 }
 
-ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x, ffi::AnyBuffer y,
-                      ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> shape,
-                      ffi::Span<const int64_t> cond_strides, ffi::Span<const int64_t> x_strides,
-                      ffi::Span<const int64_t> y_strides) {
+ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
+                      ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
+                      ffi::Span<const int64_t> shape, ffi::Span<const int64_t> cond_strides,
+                      ffi::Span<const int64_t> x_strides, ffi::Span<const int64_t> y_strides) {
   const ffi::Span<const int64_t> strides[3] = {cond_strides, x_strides, y_strides};
   const char* names[3] = {"cond", "x", "y"};
   const int64_t rank = static_cast<int64_t>(shape.size());
   if (rank < 1 || rank > kMaxRank)
     return ffi::Error::InvalidArgument("jax_ext select: rank " + std::to_string(rank) +
                                        " outside [1, " + std::to_string(kMaxRank) + "]");
-  if (cond.element_type() != ffi::DataType::PRED)
-    return ffi::Error::InvalidArgument("jax_ext select: cond must be bool");
   if (x.element_type() != out->element_type() || y.element_type() != out->element_type())
     return ffi::Error::InvalidArgument("jax_ext select: x, y and the result differ in dtype");
   if (IsSubByte(out->element_type()))
     return ffi::Error::InvalidArgument("jax_ext select: sub-byte dtypes are not supported");
-  Geometry g{};
+  SelectLayout g{};
   g.rank = static_cast<int>(rank);
   int64_t total = 1;
   for (int64_t d = 0; d < rank; ++d) {
@@ -158,7 +156,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("jax_ext select: shape " + ShapeString(shape) +
                                        " does not match the result's " +
                                        std::to_string(out->element_count()) + " elements");
-  const ffi::AnyBuffer* bufs[3] = {&cond, &x, &y};
+  const size_t counts[3] = {cond.element_count(), x.element_count(), y.element_count()};
   for (int k = 0; k < 3; ++k) {
     if (static_cast<int64_t>(strides[k].size()) != rank)
       return ffi::Error::InvalidArgument(std::string("jax_ext select: ") + names[k] +
@@ -171,11 +169,11 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     }
     if (total > 0) {
       const int64_t m = MaxOffset(g, k);
-      if (m < 0 || m >= static_cast<int64_t>(bufs[k]->element_count()))
+      if (m < 0 || m >= static_cast<int64_t>(counts[k]))
         return ffi::Error::InvalidArgument(
             std::string("jax_ext select: strides ") + ShapeString(strides[k]) + " over shape " +
             ShapeString(shape) + " read past the end of " + names[k] + " (" +
-            std::to_string(bufs[k]->element_count()) + " elements)");
+            std::to_string(counts[k]) + " elements)");
     }
   }
   if (total == 0) return ffi::Error::Success();
@@ -202,7 +200,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
     T* op = static_cast<T*>(out->untyped_data());
     const int last = g.rank - 1;
     const int64_t cs = g.strides[0][last], xs = g.strides[1][last], ys = g.strides[2][last];
-    const int64_t min_chunk = std::max<int64_t>(1, kMinChunkBytes / int64_t(sizeof(T)));
+    const int64_t min_chunk = std::max<int64_t>(1, kSelectMinChunkBytes / int64_t(sizeof(T)));
     if (in_place) {
       const InPlaceFn<T> fn = ChooseInPlace<T>(cs, ys);
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
@@ -222,43 +220,39 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer 
   });
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // cond
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("shape")
-                                  .Attr<ffi::Span<const int64_t>>("cond_strides")
-                                  .Attr<ffi::Span<const int64_t>>("x_strides")
-                                  .Attr<ffi::Span<const int64_t>>("y_strides"));
-
 // v2: the same kernel; shape and strides come from the buffers (geometry_v2.h), the
 // attributes only say which result dimension each operand dimension lies along.
-namespace {
-ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer cond, ffi::AnyBuffer x,
+ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
                         ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Span<const int64_t> cond_dims, ffi::Span<const int64_t> x_dims,
                         ffi::Span<const int64_t> y_dims) {
   const v2::Dims operands[3] = {cond.dimensions(), x.dimensions(), y.dimensions()};
   const v2::Dims maps[3] = {cond_dims, x_dims, y_dims};
-  v2::SelectGeometry g;
-  if (auto e = v2::SelectFromBuffers(out->dimensions(), operands, maps, g); e.failure()) return e;
+  v2::SelectAttrs g;
+  JAX_EXT_RETURN_IF_ERROR(v2::SelectFromBuffers(out->dimensions(), operands, maps, g));
   return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
                     v2::Of(g.strides[1]), v2::Of(g.strides[2]));
 }
+
+// select(cond, x, y) -> result: the operands of both targets, written once.
+auto SelectOperands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::PRED>>()  // cond: XLA rejects any other dtype before the call
+      .Arg<ffi::AnyBuffer>()          // x
+      .Arg<ffi::AnyBuffer>()          // y
+      .Ret<ffi::AnyBuffer>();
+}
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
+                              SelectOperands()
+                                  .Attr<ffi::Span<const int64_t>>("shape")
+                                  .Attr<ffi::Span<const int64_t>>("cond_strides")
+                                  .Attr<ffi::Span<const int64_t>>("x_strides")
+                                  .Attr<ffi::Span<const int64_t>>("y_strides"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectV2Handler, SelectV2Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // cond
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()
+                              SelectOperands()
                                   .Attr<ffi::Span<const int64_t>>("cond_dims")
                                   .Attr<ffi::Span<const int64_t>>("x_dims")
                                   .Attr<ffi::Span<const int64_t>>("y_dims"));

@@ -1,0 +1,110 @@
+// Writing large results: non-temporal (streaming) stores and transparent huge pages.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace jax_ext {
+
+// Results at least this large do not fit in the last-level cache: rows are written with
+// non-temporal stores, which skip reading each destination line before overwriting it.
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+
+// Copies `bytes` with non-temporal stores where the target allows.
+inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, static_cast<size_t>(bytes - i));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+}
+
+// Zeroes `bytes`, with non-temporal stores when `stream`.
+inline void ZeroBytes(void* dst, int64_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+    std::memset(d, 0, static_cast<size_t>(head));
+    int64_t i = head;
+    const __m128i z = _mm_setzero_si128();
+    for (; i + 16 <= bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), z);
+    std::memset(d + i, 0, static_cast<size_t>(bytes - i));
+    return;
+  }
+#endif
+  std::memset(dst, 0, static_cast<size_t>(bytes));
+}
+
+inline void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
+#endif
+}
+
+// A fresh result buffer of many MiB is mapped by the kernel one 4 KiB page fault at a
+// time on first write, and those faults cost more than the copy itself. Asking for
+// transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. A
+// buffer the allocator is reusing (its first page already resident) is left alone:
+// there the hint only adds compaction work. Failure is ignored.
+constexpr uintptr_t kHugeBytes = uintptr_t{2} << 20;
+
+// The 2 MiB-aligned interior [*b, *e) of a buffer; false when it has none or its first
+// huge page is already resident (a buffer the allocator is reusing).
+inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) {
+#if defined(__linux__)
+  if (bytes < kHugeBytes) return false;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(data);
+  *b = (p + kHugeBytes - 1) & ~(kHugeBytes - 1);
+  *e = (p + bytes) & ~(kHugeBytes - 1);
+  if (*e <= *b) return false;
+  unsigned char resident = 0;
+  return !(mincore(reinterpret_cast<void*>(*b), 4096, &resident) == 0 && (resident & 1));
+#else
+  (void)data, (void)bytes, (void)b, (void)e;
+  return false;
+#endif
+}
+
+// Returns true when the hint was given (the buffer is fresh).
+inline bool AdviseHugePages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  uintptr_t b, e;
+  if (!FreshInterior(data, bytes, &b, &e)) return false;
+  madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+  return true;
+#else
+  (void)data;
+  (void)bytes;
+  return false;
+#endif
+}
+
+}  // namespace jax_ext
