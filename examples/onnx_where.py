@@ -1,4 +1,5 @@
-"""ONNX Where-16: the seed's examples (strings aside: JAX has no string dtype)."""
+"""ONNX Where-16: the seed's examples (strings aside: JAX has no string dtype). The table is
+the only transcription of them: tests/test_select_seeds.py runs it under every implementation."""
 import jax
 import numpy as np
 
@@ -38,9 +39,16 @@ EXAMPLES = {  # name: (condition, x, y, dtype, expected output)
                            [[1, 8], [3, 4]]),
 }
 
-for name, (c, x, y, dtype, want) in EXAMPLES.items():
-    out = jax_ext.where(np.array(c), np.array(x, dtype), np.array(y, dtype))
-    assert out.dtype == dtype and out.shape == np.array(want).shape, name
-    # Bit for bit: NaN payloads included.
-    assert np.asarray(out).tobytes() == np.array(want, dtype).tobytes(), name
-    print(f"{name:24s} {np.asarray(out).tolist()}")
+
+
+def main() -> None:
+    for name, (c, x, y, dtype, want) in EXAMPLES.items():
+        out = jax_ext.where(np.array(c), np.array(x, dtype), np.array(y, dtype))
+        assert out.dtype == dtype and out.shape == np.array(want).shape, name
+        # Bit for bit: NaN payloads included.
+        assert np.asarray(out).tobytes() == np.array(want, dtype).tobytes(), name
+        print(f"{name:24s} {np.asarray(out).tolist()}")
+
+
+if __name__ == "__main__":  # tests/test_select_seeds.py imports EXAMPLES
+    main()

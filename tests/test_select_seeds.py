@@ -1,6 +1,8 @@
 """Every example in the seed documents (ONNX Where-16, OpenVINO Select-1, TF Where3,
 oneDNN Graph Select), under both implementations."""
+import importlib.util
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -18,36 +20,16 @@ def test_native_module_loaded():
         assert jax_ext.native_available()
 
 
-ONNX = {  # name: (condition, x, y, dtype, expected)
-    "cc_where_bool": ([[T, F], [T, F]], [[T, T], [F, F]], [[F, F], [T, T]], np.bool_,
-                      [[T, F], [F, T]]),
-    "cc_where_double": ([[T, F], [T, F]], [[1., 2.], [3., 4.]], [[5., 6.], [7., 8.]],
-                        np.float64, [[1., 6.], [3., 8.]]),
-    "cc_where_int16": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[-5, -6], [-7, -8]], np.int16,
-                       [[1, -6], [3, -8]]),
-    "cc_where_int8": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[-5, -6], [-7, -8]], np.int8,
-                      [[1, -6], [3, -8]]),
-    "cc_where_nan_inf": ([T, F, T, F, T, F], [np.nan, 1., np.inf, 2., -np.inf, 3.],
-                         [0., np.nan, 0., np.inf, 0., -np.inf], np.float32,
-                         [np.nan, np.nan, np.inf, np.inf, -np.inf, -np.inf]),
-    "cc_where_nan_inf_bcast": ([[T], [F]], [[np.inf, 1., np.inf], [2., np.inf, 3.]],
-                               [[-np.inf, np.nan, 0.]], np.float32,
-                               [[np.inf, 1., np.inf], [-np.inf, np.nan, 0.]]),
-    "cc_where_uint16": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[5, 6], [7, 8]], np.uint16,
-                        [[1, 6], [3, 8]]),
-    "cc_where_uint32": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[5, 6], [7, 8]], np.uint32,
-                        [[1, 6], [3, 8]]),
-    "cc_where_uint64": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[5, 6], [7, 8]], np.uint64,
-                        [[1, 6], [3, 8]]),
-    "cc_where_uint8": ([[T, F], [T, F]], [[1, 2], [3, 4]], [[5, 6], [7, 8]], np.uint8,
-                       [[1, 6], [3, 8]]),
-    "where_bcast": ([[T], [F]], [[1, 2, 3], [4, 5, 6]], [[10, 20, 30]], np.int32,
-                    [[1, 2, 3], [10, 20, 30]]),
-    "where_example": ([[T, F], [T, F]], [[1., 2.], [3., 4.]], [[5., 6.], [7., 8.]],
-                      np.float32, [[1., 6.], [3., 8.]]),
-    "where_long_example": ([[T, F], [T, T]], [[1, 2], [3, 4]], [[9, 8], [7, 6]], np.int64,
-                           [[1, 8], [3, 4]]),
-}
+def _onnx_examples():
+    """The ONNX seed's examples, transcribed once, in examples/onnx_where.py."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "onnx_where.py"
+    spec = importlib.util.spec_from_file_location("onnx_where_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the table; the checks run only as a script
+    return module.EXAMPLES
+
+
+ONNX = _onnx_examples()  # name: (condition, x, y, dtype, expected)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
