@@ -3,9 +3,12 @@
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
                   [--impl auto|native|lax] [--json bench.json] [--plot bench.png]
 
-Each case jits both functions, checks they agree bit for bit, then times them in
-alternating rounds (ours, theirs, ours, ...) so machine noise hits both alike. Two
-calling patterns are timed:
+Each case jits both functions, checks they agree bit for bit, then times them call by
+call, alternating (ours theirs, theirs ours, ...): machine noise hits both alike, and
+neither side runs only after itself (back-to-back calls of one function leave the
+machine in a state of their own: threads awake, caches and a freed buffer of the right
+size). A round is enough such pairs for 30 ms (10 ms with --quick). Two calling
+patterns are timed:
 
 * reused: the same argument arrays every call (a donated operand is fed back from the
   previous result);
@@ -13,15 +16,19 @@ calling patterns are timed:
   (``jax.device_put`` of a host copy, the way ``jnp.asarray(x_numpy)`` makes them), as
   most user code does. The transfer is waited for before the clock starts, so the
   time is the call's own, including what a fresh buffer costs it (page faults, a copy
-  XLA inserts when a donated buffer cannot be reused).
+  XLA inserts when a donated buffer cannot be reused);
+* loop (``--pattern loop``, not in the default run): the same arguments, but each
+  side's calls back to back, then the other's, as a loop that calls one op and nothing
+  else. Read it as a bound, not as a program: XLA's loops keep its thread pool awake
+  from one call to the next there, which no program with other work in between sees.
 
-Per round the ratio theirs/ours is taken (> 1: jax_ext is faster); a row reports the
-median ratio and its spread (min-max of the per-round ratios), the median times, and
-``spread``: (max - min) / median of our per-round times. Gather rows also carry
-onnxruntime's CPU ``Gather`` (when installed: ``pip install '.[bench]'``) and a
-``numpy.copyto`` of the result's bytes into a reused buffer, the copy bandwidth the
-machine gives in the same rounds. Writes a JSON file and, when matplotlib is
-installed, a plot.
+Per round the ratio theirs/ours of the summed call times is taken (> 1: jax_ext is
+faster); a row reports the median ratio and its spread (min-max of the per-round
+ratios), the median times, and ``spread``: (max - min) / median of our per-round
+times. Gather rows also carry onnxruntime's CPU ``Gather`` (when installed: ``pip
+install '.[bench]'``) and a ``numpy.copyto`` of the result's bytes into a reused
+buffer, the copy bandwidth the machine gives in the same rounds. Writes a JSON file
+and, when matplotlib is installed, a plot.
 
 Besides standalone calls, whole jitted programs (``prog ...`` rows, _bench_programs.py)
 are timed, each written twice, identical but for the jax_ext call vs jnp.where /
@@ -122,25 +129,29 @@ def _fresh(host, like):
     return out
 
 
-def _time_reused(fn, args, chain, iters):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        out = fn(*args)
-        jax.block_until_ready(out)
-        if chain:  # donated: feed each output back in as the donated operand
-            args = (args[0], out) + tuple(args[2:])
-    return (time.perf_counter() - t0) / iters, args
-
-
-def _time_fresh(fn, host, like, iters):
-    total = 0.0
-    for _ in range(iters):
-        args = _fresh(host, like)
+def _time_pairs(ours, theirs, a_ours, a_theirs, pattern, host, like, chain, iters):
+    """Times `iters` calls of each side. "reused" and "fresh": in pairs, alternating
+    which side goes first (ours theirs, theirs ours, ...), so each call follows the
+    other side's call as often as its own and neither inherits a machine state (awake
+    threads, warm caches, a freed buffer of the right size) that only its own previous
+    call leaves. "loop": all of one side's calls back to back, then the other's, as a
+    loop that calls one op and nothing else. Returns the mean time per call of each
+    side and the sides' arguments (a donated operand is fed back)."""
+    fns, args, total = (ours, theirs), [a_ours, a_theirs], [0.0, 0.0]
+    if pattern == "loop":  # back to back: all of one side's calls, then the other's
+        order = [0] * iters + [1] * iters
+    else:
+        order = [s for k in range(iters) for s in ((0, 1) if k % 2 == 0 else (1, 0))]
+    for s in order:
+        a = _fresh(host, like) if pattern == "fresh" else args[s]
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        total += time.perf_counter() - t0
-        del args
-    return total / iters
+        out = fns[s](*a)
+        jax.block_until_ready(out)
+        total[s] += time.perf_counter() - t0
+        if pattern != "fresh" and chain:  # donated: the output is the next operand
+            args[s] = (a[0], out) + tuple(a[2:])
+        del out, a
+    return total[0] / iters, total[1] / iters, args[0], args[1]
 
 
 def _time_host(fn, host, fresh, iters):
@@ -212,23 +223,19 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
     for pattern in patterns:
         a_ours, a_theirs = _copy_args(args), _copy_args(args)
 
-        def one(fn, side_args, iters):
-            if pattern == "reused":
-                return _time_reused(fn, side_args, chain, iters)
-            return _time_fresh(fn, host, args, iters), side_args
+        def pairs(a_ours, a_theirs, iters, pattern=pattern):
+            return _time_pairs(ours, theirs, a_ours, a_theirs, pattern, host, args, chain,
+                               iters)
 
-        # warm-up (compiles), then the sample size: enough calls for min_sample_s
-        t1, a_ours = one(ours, a_ours, 1)
-        t2, a_theirs = one(theirs, a_theirs, 1)
-        t1, a_ours = one(ours, a_ours, 1)
-        t2, a_theirs = one(theirs, a_theirs, 1)
-        iters = max(1, int(min_sample_s / max(1e-7, min(t1, t2))))
+        # warm-up (compiles), then the sample size: enough pairs for min_sample_s
+        _, _, a_ours, a_theirs = pairs(a_ours, a_theirs, 2)
+        t1, t2, a_ours, a_theirs = pairs(a_ours, a_theirs, 2)
+        iters = max(1, int(min_sample_s / max(1e-7, t1 + t2)))
         t_ours, t_ref, t_ort, t_copy = [], [], [], []
         for _ in range(rounds):
-            t, a_ours = one(ours, a_ours, iters)
+            t, r, a_ours, a_theirs = pairs(a_ours, a_theirs, iters)
             t_ours.append(t)
-            t, a_theirs = one(theirs, a_theirs, iters)
-            t_ref.append(t)
+            t_ref.append(r)
             if ort is not None:
                 t_ort.append(_time_host(ort_fn, ort_host, pattern == "fresh", iters))
             if copy is not None:
@@ -338,8 +345,9 @@ def main(argv=None):
     p.add_argument("--only", default="", help="run the cases whose name contains this")
     p.add_argument("--rounds", type=int, default=None,
                    help="alternating timing rounds (at least 3; default 15, --quick 7)")
-    p.add_argument("--pattern", choices=("both", "reused", "fresh"), default="both",
-                   help="calling pattern(s) to time (default both)")
+    p.add_argument("--pattern", choices=("both", "reused", "fresh", "loop"), default="both",
+                   help="calling pattern(s) to time (default both: reused and fresh; "
+                        "loop: each side's calls back to back)")
     p.add_argument("--impl", choices=("auto", "native", "lax"), default="auto",
                    help="the jax_ext implementation measured: 'auto' (default, what users get: "
                         "native or lax per call site), 'native' forces the kernels everywhere, "
