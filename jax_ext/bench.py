@@ -26,9 +26,10 @@ Per round the ratio theirs/ours of the summed call times is taken (> 1: jax_ext 
 faster); a row reports the median ratio and its spread (min-max of the per-round
 ratios), the median times, and ``spread``: (max - min) / median of our per-round
 times. Gather rows also carry onnxruntime's CPU ``Gather`` (when installed: ``pip
-install '.[bench]'``) and a ``numpy.copyto`` of the result's bytes into a reused
-buffer, the copy bandwidth the machine gives in the same rounds. Writes a JSON file
-and, when matplotlib is installed, a plot.
+install '.[bench]'``), timed in turn with the two jitted functions, and a
+``numpy.copyto`` of the result's bytes into a reused buffer, the copy bandwidth the
+machine gives in the same rounds. Writes a JSON file and, when matplotlib is
+installed, a plot.
 
 Besides standalone calls, whole jitted programs (``prog ...`` rows, _bench_programs.py)
 are timed, each written twice, identical but for the jax_ext call vs jnp.where /
@@ -42,6 +43,7 @@ asks for the lax fallback explicitly: lax timings must not pass for the native o
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -129,39 +131,50 @@ def _fresh(host, like):
     return out
 
 
-def _time_pairs(ours, theirs, a_ours, a_theirs, pattern, host, like, chain, iters):
-    """Times `iters` calls of each side. "reused" and "fresh": in pairs, alternating
-    which side goes first (ours theirs, theirs ours, ...), so each call follows the
-    other side's call as often as its own and neither inherits a machine state (awake
-    threads, warm caches, a freed buffer of the right size) that only its own previous
-    call leaves. "loop": all of one side's calls back to back, then the other's, as a
-    loop that calls one op and nothing else. Returns the mean time per call of each
-    side and the sides' arguments (a donated operand is fed back)."""
-    fns, args, total = (ours, theirs), [a_ours, a_theirs], [0.0, 0.0]
-    if pattern == "loop":  # back to back: all of one side's calls, then the other's
-        order = [0] * iters + [1] * iters
-    else:
-        order = [s for k in range(iters) for s in ((0, 1) if k % 2 == 0 else (1, 0))]
-    for s in order:
-        a = _fresh(host, like) if pattern == "fresh" else args[s]
+def _jax_side(fn, args, pattern, host, like, chain):
+    """One timed call of a jitted function per call of the returned closure. "fresh":
+    arguments made right before it (untimed); otherwise `args`, with a donated operand
+    fed back from the previous result."""
+    state = {"args": args}
+
+    def call():
+        a = _fresh(host, like) if pattern == "fresh" else state["args"]
         t0 = time.perf_counter()
-        out = fns[s](*a)
+        out = fn(*a)
         jax.block_until_ready(out)
-        total[s] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
         if pattern != "fresh" and chain:  # donated: the output is the next operand
-            args[s] = (a[0], out) + tuple(a[2:])
-        del out, a
-    return total[0] / iters, total[1] / iters, args[0], args[1]
+            state["args"] = (a[0], out) + tuple(a[2:])
+        return dt
+    return call
 
 
-def _time_host(fn, host, fresh, iters):
-    total = 0.0
-    for _ in range(iters):
-        args = tuple(np.array(h, copy=True) for h in host) if fresh else host
+def _host_side(fn, host, pattern):
+    """The same for a host function (onnxruntime, numpy) on numpy arrays."""
+    def call():
+        a = tuple(np.array(h, copy=True) for h in host) if pattern == "fresh" else host
         t0 = time.perf_counter()
-        fn(*args)
-        total += time.perf_counter() - t0
-    return total / iters
+        fn(*a)
+        return time.perf_counter() - t0
+    return call
+
+
+def _time_sides(calls, pattern, iters):
+    """Mean time per call of each side over `iters` calls each. "reused" and "fresh":
+    call by call, the order of the sides cycling through every permutation (ours
+    theirs, theirs ours, ...), so each call follows every other side's call as often as
+    its own and none inherits a machine state (awake threads, warm caches, a freed
+    buffer of the right size) that only its own previous call leaves. "loop": each
+    side's calls back to back, as a loop that calls one op and nothing else."""
+    totals = [0.0] * len(calls)
+    if pattern == "loop":
+        order = [s for s in range(len(calls)) for _ in range(iters)]
+    else:
+        perms = list(itertools.permutations(range(len(calls))))
+        order = [s for k in range(iters) for s in perms[k % len(perms)]]
+    for s in order:
+        totals[s] += calls[s]()
+    return [t / iters for t in totals]
 
 
 def _copy_args(args):
@@ -221,26 +234,25 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
         copy = lambda: np.copyto(cdst, csrc)  # noqa: E731
     results = []
     for pattern in patterns:
-        a_ours, a_theirs = _copy_args(args), _copy_args(args)
-
-        def pairs(a_ours, a_theirs, iters, pattern=pattern):
-            return _time_pairs(ours, theirs, a_ours, a_theirs, pattern, host, args, chain,
-                               iters)
-
-        # warm-up (compiles), then the sample size: enough pairs for min_sample_s
-        _, _, a_ours, a_theirs = pairs(a_ours, a_theirs, 2)
-        t1, t2, a_ours, a_theirs = pairs(a_ours, a_theirs, 2)
-        iters = max(1, int(min_sample_s / max(1e-7, t1 + t2)))
+        # onnxruntime takes its turn among the calls, with its defaults (its threads spin
+        # a while after each run); numpy's copy, a bandwidth yardstick, runs apart.
+        calls = [_jax_side(ours, _copy_args(args), pattern, host, args, chain),
+                 _jax_side(theirs, _copy_args(args), pattern, host, args, chain)]
+        if ort is not None:
+            calls.append(_host_side(ort_fn, ort_host, pattern))
+        # warm-up (compiles), then the sample size: enough calls for min_sample_s
+        _time_sides(calls, pattern, 2)
+        iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)))))
         t_ours, t_ref, t_ort, t_copy = [], [], [], []
         for _ in range(rounds):
-            t, r, a_ours, a_theirs = pairs(a_ours, a_theirs, iters)
-            t_ours.append(t)
-            t_ref.append(r)
+            ts = _time_sides(calls, pattern, iters)
+            t_ours.append(ts[0])
+            t_ref.append(ts[1])
             if ort is not None:
-                t_ort.append(_time_host(ort_fn, ort_host, pattern == "fresh", iters))
+                t_ort.append(ts[2])
             if copy is not None:
-                t_copy.append(_time_host(lambda: copy(), (), False, iters))
-        del a_ours, a_theirs
+                t_copy.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0])
+        del calls
         ratio = _stats([r / o for o, r in zip(t_ours, t_ref)])
         mo = statistics.median(t_ours)
         row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
