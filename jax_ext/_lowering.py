@@ -174,8 +174,7 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
         _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
-    mlir.register_lowering(prim, lax_rule)
-    _compat.register_lowering(prim, cpu_rule, platform="cpu", cacheable=False)
+    _register_rules(prim, op, cpu_rule, lax_rule)
 
 
 def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):
@@ -191,9 +190,27 @@ def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):
         out = native_rule(ctx, *args, **params, **kw)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
-    mlir.register_lowering(raw, lambda ctx, *a, donated=(), **p: lax_rule(ctx, *a, **p))
-    _compat.register_lowering(raw, raw_cpu_rule, platform="cpu", cacheable=False)
+    _register_rules(raw, None, raw_cpu_rule,
+                    lambda ctx, *a, donated=(), **p: lax_rule(ctx, *a, **p))
     return raw
+
+
+def _register_rules(prim, op: str | None, cpu_rule, lax_rule):
+    """One lowering rule for every platform: `cpu_rule` when lowering for CPU alone,
+    `lax_rule` otherwise, including a lowering for several platforms at once
+    (``jax.export(..., platforms=("cpu", "cuda"))``): such an artifact is one portable
+    program, the same on each. (A CPU-specific rule beside a default one would also
+    break there: jax 0.10.2's per-platform switch fails on rules that are not cached.)"""
+    def rule(ctx, *args, **params):
+        platforms = tuple(getattr(ctx, "platforms", None) or ctx.module_context.platforms)
+        if platforms == ("cpu",):
+            return cpu_rule(ctx, *args, **params)
+        if op is not None and "cpu" in platforms:
+            _auto.record(ctx, op, "lax", params.get("impl"),
+                         f"lowered for several platforms {platforms}")
+        return lax_rule(ctx, *args, **params)
+
+    _compat.register_lowering(prim, rule, platform=None, cacheable=False)
 
 
 def definitely_zero(d) -> bool:

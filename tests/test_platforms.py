@@ -1,0 +1,90 @@
+"""Lowering for platforms other than CPU, and for several platforms at once (a
+``jax.export`` artifact that must run on CPU and GPU): every jax_ext op takes the lax path
+there, even under implementation("native"), and a multi-platform export run on CPU gives
+the same bits as numpy. The CPU-only lowering of the same functions holds the kernels, so
+each test can fail both ways. These run on any machine: jax lowers for a platform without
+its device."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ext
+from helpers import assert_bits_equal
+
+_CALL = re.compile(r"custom_call @jax_ext_")
+
+
+def _np_gather(src, idx):
+    out = np.zeros((idx.size,) + src.shape[1:], src.dtype)
+    ok = (idx >= 0) & (idx < src.shape[0])
+    out[ok] = src[idx[ok]]
+    return out
+
+
+def _cases():
+    rng = np.random.default_rng(5)
+    c = rng.integers(0, 2, 300).astype(bool)
+    x = rng.standard_normal(300).astype(np.float32)
+    x[:3] = [np.nan, -0.0, np.inf]
+    y = rng.standard_normal(300).astype(np.float32)
+    rows_c = rng.integers(0, 2, 40).astype(bool)
+    rows_x = rng.standard_normal((40, 8)).astype(np.float32)
+    rows_y = rng.standard_normal((40, 8)).astype(np.float32)
+    src = rng.standard_normal((50, 8)).astype(np.float32)
+    idx = rng.integers(-3, 55, 70).astype(np.int32)
+    bsrc = rng.standard_normal((3, 20, 8)).astype(np.float32)
+    bidx = rng.integers(0, 20, (3, 9)).astype(np.int32)
+    g = jax_ext.gather
+    return {
+        "where": (jax_ext.where, (c, x, y), lambda c, x, y: np.where(c, x, y)),
+        "select broadcast": (jax_ext.select, (rows_c[:, None], rows_x, rows_y[:1]),
+                             lambda c, x, y: np.where(c, x, y)),
+        "where3 rows": (jax_ext.where3, (rows_c, rows_x, rows_y),
+                        lambda c, x, y: np.where(c[:, None], x, y)),
+        "gather": (lambda s, i: g(s, [0], 0, i), (src, idx), _np_gather),
+        "gather grad": (jax.grad(lambda s, i: jnp.sum(g(s, [0], 0, i) * 2.0)), (src, idx),
+                        lambda s, i: np.bincount(i[(i >= 0) & (i < 50)], minlength=50)
+                        .astype(np.float32)[:, None].repeat(8, 1) * np.float32(2.0)),
+        "vmap gather": (jax.vmap(lambda s, i: g(s, [0], 0, i)), (bsrc, bidx),
+                        lambda s, i: np.stack([s[k][i[k]] for k in range(3)])),
+    }
+
+
+CASES = _cases()
+
+
+def _lowered(f, args, platforms):
+    with jax_ext.implementation("native"):
+        return jax.jit(f).trace(*args).lower(lowering_platforms=platforms).as_text()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
+def test_other_platforms_lower_to_lax(platform, name):
+    f, args, _ = CASES[name]
+    assert _CALL.search(_lowered(f, args, ("cpu",))), "the CPU lowering runs the kernel"
+    assert not _CALL.search(_lowered(f, args, (platform,)))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_export_for_cpu_and_gpu_is_portable_and_exact(name):
+    f, args, ref = CASES[name]
+    with jax_ext.implementation("native"):
+        exp = jax.export.export(jax.jit(f), platforms=("cpu", "cuda"),
+                                disabled_checks=jax_ext.export_checks())(*args)
+    assert exp.platforms == ("cpu", "cuda")
+    assert not _CALL.search(exp.mlir_module())
+    back = jax.export.deserialize(exp.serialize())
+    assert_bits_equal(back.call(*args), ref(*args))
+
+
+def test_explain_reports_a_multi_platform_lowering_as_lax():
+    rng = np.random.default_rng(0)
+    c, x = rng.integers(0, 2, 1 << 14).astype(bool), rng.standard_normal(1 << 14)
+    with jax_ext._auto.recording() as decisions, jax_ext.implementation("native"):
+        jax.jit(jax_ext.where).trace(c, x, -x).lower(lowering_platforms=("cpu", "cuda"))
+    assert [(d.op, d.impl) for d in decisions] == [("select", "lax")]
+    assert "several platforms" in decisions[0].reason
