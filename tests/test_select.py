@@ -416,3 +416,21 @@ def test_large_result_unaligned_rows(cshape):
         with jax_ext.implementation(impl):
             got = jax_ext.where(c, x, y)
         assert_bits_equal(got, np_select(c, x, y, (4099, 1027)))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32, np.float64, np.complex128])
+def test_results_past_the_cache_are_streamed_exactly(dtype):
+    # From 16 MiB of result the kernel blends through an L1 tile and writes with streaming
+    # stores: every width, dense / broadcast / scalar / row-wise conditions, and a length
+    # that leaves a partial tile at the end.
+    rng = np.random.default_rng(3)
+    n = (17 << 20) // np.dtype(dtype).itemsize + 13
+    m = n // 1000
+    for sc, sx, sy in [((n,), (n,), (n,)), ((m, 1), (m, 1000), (1, 1000)),
+                       ((), (n,), (n,)), ((m, 1000), (m, 1000), (1000,))]:
+        c = rng.integers(0, 2, sc).astype(bool)
+        x = rng.standard_normal(sx).astype(dtype)
+        y = rng.standard_normal(sy).astype(dtype)
+        with jax_ext.implementation("native"):
+            got = jax.jit(jax_ext.select)(c, x, y)
+        assert_bits_equal(got, np.where(c, x, y))
