@@ -347,7 +347,9 @@ def machine_info(impl: str) -> dict:
                 cpu=_cpu_model(), cores=cores, machine=platform.machine(),
                 jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
                 onnxruntime=ort, jax_ext=jax_ext.__version__,
-                native=jax_ext.native_available())
+                native=jax_ext.native_available(),
+                # glibc's allocator settings change what every large result costs (README)
+                malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
 
 
 def main(argv=None):
@@ -394,7 +396,8 @@ def main(argv=None):
           f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
           f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {len(cases)} cases x "
           f"{len(patterns)} patterns, {rounds} alternating rounds | "
-          f"load {meta['loadavg_start'][0]:.1f}",
+          f"load {meta['loadavg_start'][0]:.1f}"
+          + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()),
           flush=True)
     rows = []
     with jax_ext.implementation(a.impl):
