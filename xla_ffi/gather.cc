@@ -40,7 +40,7 @@ namespace jax_ext {
 namespace {
 
 constexpr int kMaxBatchRank = 64;
-constexpr int64_t kRowBlock = 64;  // gather: rows resolved per block
+constexpr int64_t kRowBlock = 64;             // gather: rows resolved per block
 constexpr int64_t kFirst = int64_t{1} << 62;  // scatter target flag: the row's first contribution
 
 inline void PrefetchBytes(const void* p, int64_t bytes) {
