@@ -208,28 +208,23 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
           fn(n, c + co, cs, yp + yo, ys, op + oo);
         });
       });
-    } else if (static_cast<int64_t>(out->size_bytes()) >= kStreamBytes) {
-      // Past the last-level cache: blend a few KiB at a time into a buffer that stays in
-      // L1, then stream it out, so the result's lines are not read before being written.
+    } else {
       const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
-      constexpr int64_t kTile = 4096 / int64_t(sizeof(T)) > 0 ? 4096 / int64_t(sizeof(T)) : 1;
+      // Past the last-level cache, blend a few KiB at a time into a tile that stays in L1
+      // and stream it out, so the result's lines are not read before being written.
+      const bool stream = static_cast<int64_t>(out->size_bytes()) >= kStreamBytes;
+      constexpr int64_t kTile = 4096 / int64_t(sizeof(T));  // 256 elements or more
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
         alignas(64) T tile[kTile];
         ForEachRow(g, b, e, [&](int64_t n, int64_t co, int64_t xo, int64_t yo, int64_t oo) {
+          if (!stream) return fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
           for (int64_t i = 0; i < n; i += kTile) {
             const int64_t m = std::min(kTile, n - i);
             fn(m, c + co + i * cs, cs, xp + xo + i * xs, xs, yp + yo + i * ys, ys, tile);
             StreamBytes(op + oo + i, tile, m * int64_t(sizeof(T)));
           }
         });
-        StreamFence();
-      });
-    } else {
-      const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
-      ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
-        ForEachRow(g, b, e, [&](int64_t n, int64_t co, int64_t xo, int64_t yo, int64_t oo) {
-          fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
-        });
+        if (stream) StreamFence();
       });
     }
     return ffi::Error::Success();
