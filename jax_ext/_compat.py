@@ -70,10 +70,10 @@ def register_batcher(prim, rule):
 _LOWERING_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
 
 
-def register_lowering(prim, rule, *, platform, cacheable: bool):
-    """mlir.register_lowering for `platform`; `cacheable` is passed where jax has it."""
+def register_lowering(prim, rule, *, cacheable: bool):
+    """mlir.register_lowering for every platform; `cacheable` is passed where jax has it."""
     kw = {"cacheable": cacheable} if _LOWERING_CACHEABLE else {}
-    mlir.register_lowering(prim, rule, platform=platform, **kw)
+    mlir.register_lowering(prim, rule, platform=None, **kw)  # None: every platform
 
 
 def enclosing_equations(limit: int = 64) -> list:

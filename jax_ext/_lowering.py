@@ -210,7 +210,7 @@ def _register_rules(prim, op: str | None, cpu_rule, lax_rule):
                          f"lowered for several platforms {platforms}")
         return lax_rule(ctx, *args, **params)
 
-    _compat.register_lowering(prim, rule, platform=None, cacheable=False)
+    _compat.register_lowering(prim, rule, cacheable=False)
 
 
 def definitely_zero(d) -> bool:
