@@ -256,6 +256,21 @@ def test_every_dtype_bit_exact(dtype):
     assert got.shape == (6, 3, row_len(5, itemsize, 32)) and got.dtype == np.dtype(dtype)
 
 
+@pytest.mark.parametrize("row_bytes", [32, 64, 128, 256, 512, 1024])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.float64,
+                                   np.complex128], ids=lambda d: np.dtype(d).name)
+def test_row_copy_sizes_bit_exact(row_bytes, dtype):
+    """Rows of 32-512 bytes are copied by size-specialized loops (512 by 16-byte moves),
+    1024 by the generic one: every element width, pads and NaN payloads, against the
+    numpy loop."""
+    rng = np.random.default_rng(row_bytes)
+    last = row_bytes // np.dtype(dtype).itemsize
+    src = random_values(rng, (9, last), dtype)
+    index = np.array([8, 0, 9, -1, 4, 4, 2, 7, 1, 3], np.int32)
+    got = check(src, [0], 0, index, pad_value=random_values(rng, (), dtype))
+    assert got.shape == (10, last)
+
+
 def test_int4_goes_through_lax():
     src = jnp.arange(12, dtype=jnp.int8).reshape(4, 3).astype(jnp.int4) - 4
     got = both(jax_ext.gather, src, [0], 0, jnp.array([3, 0, 9]), align_bytes=None)

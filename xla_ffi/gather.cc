@@ -388,6 +388,8 @@ void GatherRows(ffi::ThreadPool& pool, const GatherCall<T, I>& call) {
           } else if constexpr (RB > 0) {
             if (stream)
               StreamBytes(orow, srow, RB);
+            else if constexpr (RB > 256)
+              CopyFixed<RB>(orow, srow);
             else
               std::memcpy(orow, srow, RB);
           } else if (L == last) {
