@@ -234,8 +234,8 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
         copy = lambda: np.copyto(cdst, csrc)  # noqa: E731
     results = []
     for pattern in patterns:
-        # onnxruntime takes its turn among the calls, with its defaults (its threads spin
-        # a while after each run); numpy's copy, a bandwidth yardstick, runs apart.
+        # onnxruntime takes its turn among the calls (its threads told not to spin after
+        # a run, see _bench_gather); numpy's copy, a bandwidth yardstick, runs apart.
         calls = [_jax_side(ours, _copy_args(args), pattern, host, args, chain),
                  _jax_side(theirs, _copy_args(args), pattern, host, args, chain)]
         if ort is not None:
