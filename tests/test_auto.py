@@ -18,6 +18,7 @@ from jax_ext import _lowering
 from helpers import assert_bits_equal
 
 BIG = 1 << 16  # elements: enough work for auto's thresholds in f32
+MEASURED_ON = "0.10.2"  # the jaxlib _lowering.XLA_INEXACT was measured on
 
 # Every dtype XLA:CPU has, with whether it moves them bit for bit through select/pad.
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -45,8 +46,10 @@ def _bits_equal(a, b):
 @pytest.mark.parametrize("name", [n for n in DTYPES if hasattr(ml_dtypes, n) or hasattr(np, n)])
 def test_xla_select_exactness_per_dtype_is_pinned(name):
     """The finding _lowering.XLA_INEXACT rests on: XLA:CPU's own select and pad rewrite the
-    bits of exactly these dtypes (via float32). If this fails after a jax upgrade, update
-    the set: a dtype listed needlessly costs nothing, one missing loses exactness."""
+    bits of these dtypes (via float32). Every dtype XLA rewrites must be listed, on any jax
+    (one missing loses exactness). On the jaxlib the set was measured on, 0.10.2, the set is
+    exactly those; a newer XLA may move a listed dtype exactly (0.11.2 does bfloat16), which
+    costs nothing: the lax path then views it as an integer where it need not."""
     dt, rng = _dtype(name), np.random.default_rng(0)
     c = rng.integers(0, 2, 4099).astype(bool)
     x, y = _random_bits(rng, dt, (4099,)), _random_bits(rng, dt, (4099,))
@@ -54,7 +57,10 @@ def test_xla_select_exactness_per_dtype_is_pinned(name):
     padded = jax.jit(lambda x: lax.pad(x, jnp.zeros((), x.dtype), [(1, 2, 0)]))(x)
     exact = _bits_equal(plain, np.where(c, x, y)) and _bits_equal(
         padded, np.pad(x, (1, 2)))
-    assert exact == (name not in _lowering.XLA_INEXACT), name
+    if not exact:
+        assert name in _lowering.XLA_INEXACT, f"XLA:CPU rewrites {name}: add it to XLA_INEXACT"
+    if jax.lib.__version__ == MEASURED_ON:
+        assert exact == (name not in _lowering.XLA_INEXACT), name
 
 
 @pytest.mark.parametrize("name", sorted(_lowering.XLA_INEXACT))
