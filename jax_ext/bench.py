@@ -28,8 +28,9 @@ ratios), the median times, and ``spread``: (max - min) / median of our per-round
 times. Gather rows also carry onnxruntime's CPU ``Gather`` (when installed: ``pip
 install '.[bench]'``), timed in turn with the two jitted functions, and a
 ``numpy.copyto`` of the result's bytes into a reused buffer, the copy bandwidth the
-machine gives in the same rounds. Writes a JSON file and, when matplotlib is
-installed, a plot.
+machine gives in the same rounds. ``faults`` is the process's page faults per call,
+ours/theirs (median over rounds): a result that glibc maps fresh shows up there, on
+whichever side it happens. Writes a JSON file and, when matplotlib is installed, a plot.
 
 Besides standalone calls, whole jitted programs (``prog ...`` rows, _bench_programs.py)
 are timed, each written twice, identical but for the jax_ext call vs jnp.where /
@@ -50,6 +51,11 @@ import platform
 import statistics
 import sys
 import time
+
+try:
+    import resource  # page faults per call; Unix only
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +129,11 @@ def all_cases(quick: bool, devices: int = 0):
 # ---------------------------------------------------------------------------------------
 # timing
 
+def _faults() -> int:
+    """Page faults of the whole process so far (every thread: XLA's pool included)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
+
+
 def _fresh(host, like):
     """New device arrays made from host copies, placed (and sharded) like `like`, with
     their transfers finished."""
@@ -132,20 +143,22 @@ def _fresh(host, like):
 
 
 def _jax_side(fn, args, pattern, host, like, chain):
-    """One timed call of a jitted function per call of the returned closure. "fresh":
-    arguments made right before it (untimed); otherwise `args`, with a donated operand
-    fed back from the previous result."""
+    """One timed call of a jitted function per call of the returned closure, which
+    returns (seconds, page faults). "fresh": arguments made right before it (untimed);
+    otherwise `args`, with a donated operand fed back from the previous result."""
     state = {"args": args}
 
     def call():
         a = _fresh(host, like) if pattern == "fresh" else state["args"]
+        f0 = _faults()
         t0 = time.perf_counter()
         out = fn(*a)
         jax.block_until_ready(out)
         dt = time.perf_counter() - t0
+        df = _faults() - f0
         if pattern != "fresh" and chain:  # donated: the output is the next operand
             state["args"] = (a[0], out) + tuple(a[2:])
-        return dt
+        return dt, df
     return call
 
 
@@ -153,28 +166,34 @@ def _host_side(fn, host, pattern):
     """The same for a host function (onnxruntime, numpy) on numpy arrays."""
     def call():
         a = tuple(np.array(h, copy=True) for h in host) if pattern == "fresh" else host
+        f0 = _faults()
         t0 = time.perf_counter()
         fn(*a)
-        return time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        return dt, _faults() - f0
     return call
 
 
 def _time_sides(calls, pattern, iters):
-    """Mean time per call of each side over `iters` calls each. "reused" and "fresh":
-    call by call, the order of the sides cycling through every permutation (ours
-    theirs, theirs ours, ...), so each call follows every other side's call as often as
-    its own and none inherits a machine state (awake threads, warm caches, a freed
-    buffer of the right size) that only its own previous call leaves. "loop": each
-    side's calls back to back, as a loop that calls one op and nothing else."""
+    """Mean time and page faults per call of each side over `iters` calls each.
+    "reused" and "fresh": call by call, the order of the sides cycling through every
+    permutation (ours theirs, theirs ours, ...), so each call follows every other side's
+    call as often as its own and none inherits a machine state (awake threads, warm
+    caches, a freed buffer of the right size) that only its own previous call leaves.
+    "loop": each side's calls back to back, as a loop that calls one op and nothing
+    else."""
     totals = [0.0] * len(calls)
+    faults = [0] * len(calls)
     if pattern == "loop":
         order = [s for s in range(len(calls)) for _ in range(iters)]
     else:
         perms = list(itertools.permutations(range(len(calls))))
         order = [s for k in range(iters) for s in perms[k % len(perms)]]
     for s in order:
-        totals[s] += calls[s]()
-    return [t / iters for t in totals]
+        dt, df = calls[s]()
+        totals[s] += dt
+        faults[s] += df
+    return [t / iters for t in totals], [f / iters for f in faults]
 
 
 def _copy_args(args):
@@ -242,16 +261,18 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
             calls.append(_host_side(ort_fn, ort_host, pattern))
         # warm-up (compiles), then the sample size: enough calls for min_sample_s
         _time_sides(calls, pattern, 2)
-        iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)))))
-        t_ours, t_ref, t_ort, t_copy = [], [], [], []
+        iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
+        t_ours, t_ref, t_ort, t_copy, f_ours, f_ref = [], [], [], [], [], []
         for _ in range(rounds):
-            ts = _time_sides(calls, pattern, iters)
+            ts, fs = _time_sides(calls, pattern, iters)
             t_ours.append(ts[0])
             t_ref.append(ts[1])
+            f_ours.append(fs[0])
+            f_ref.append(fs[1])
             if ort is not None:
                 t_ort.append(ts[2])
             if copy is not None:
-                t_copy.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0])
+                t_copy.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0][0])
         del calls
         ratio = _stats([r / o for o, r in zip(t_ours, t_ref)])
         mo = statistics.median(t_ours)
@@ -260,7 +281,8 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
                    ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
                    spread=(max(t_ours) - min(t_ours)) / mo,
                    gbps=case["bytes"] / mo / 1e9, agrees=bool(same), picked=picked,
-                   iters=iters, rounds=rounds, ort_s=None, ort_ratio=None,
+                   iters=iters, rounds=rounds, faults=statistics.median(f_ours),
+                   ref_faults=statistics.median(f_ref), ort_s=None, ort_ratio=None,
                    ort_ratio_min=None, ort_ratio_max=None, ort_agrees=ort_same,
                    copy_s=None, copy_frac=None)
         if t_ort:
@@ -300,6 +322,8 @@ COLUMNS = [
      lambda r: _fmt_ratio(r.get("ort_ratio"), r.get("ort_ratio_min"), r.get("ort_ratio_max"))),
     ("of copy", 7, lambda r: "-" if r.get("copy_frac") is None else f"{r['copy_frac'] * 100:.0f}%"),
     ("GB/s", 6, lambda r: f"{r['gbps']:.1f}" if r["gbps"] else "-"),
+    ("faults", 11, lambda r: "-" if r.get("faults") is None else
+     f"{r['faults']:.0f}/{r['ref_faults']:.0f}"),
     ("agrees", 6, lambda r: ("NO" if not r["agrees"] else
                              "exact" if r.get("exact", True) else "close")),
     ("ran", -28, lambda r: r["picked"]),

@@ -34,6 +34,23 @@ def test_lax_on_request_records_implementation_and_spread(tmp_path, capsys):
         assert r["agrees"] and r["picked"] == "select:lax"
         assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
         assert r["spread"] >= 0 and r["rounds"] == 3
+        assert r["faults"] >= 0 and r["ref_faults"] >= 0
+
+
+def test_each_call_counts_the_page_faults_it_caused():
+    """A call that writes a fresh 16 MiB mapping faults once per 4 KiB page at least;
+    the count is the call's own, not the process's total."""
+    import mmap
+
+    def touch():
+        m = mmap.mmap(-1, 16 << 20)
+        m[::4096] = b"x" * (4 << 10)  # one byte per page
+        m.close()
+
+    call = bench._host_side(touch, (), "reused")
+    dt, faults = call()
+    assert dt > 0 and faults >= 4096
+    assert bench._host_side(lambda: None, (), "reused")()[1] < 4096
 
 
 def test_quick_uses_at_least_seven_rounds(tmp_path):
