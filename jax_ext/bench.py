@@ -44,6 +44,7 @@ asks for the lax fallback explicitly: lax timings must not pass for the native o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -79,8 +80,10 @@ def _select_case(name, n_cond, n_x, n_y, dtype, *, donate=False, rng_seed=0, fn=
     item = np.dtype(dtype).itemsize
     size = int(np.prod(out))
     nbytes = int(np.prod(n_cond)) + item * (int(np.prod(n_x)) + int(np.prod(n_y)) + size)
+    # 64-bit dtypes exist in jax only with x64 on; without it jnp.asarray would quietly
+    # make float32 arrays, and the row would time (and count the bytes of) the wrong dtype.
     return dict(name=name, op="select", dtype=np.dtype(dtype).name, elements=size,
-                bytes=nbytes, make=make, chain=donate)
+                bytes=nbytes, make=make, chain=donate, x64=item == 8)
 
 
 def _donated_sparse_case(n, p_true):
@@ -234,7 +237,15 @@ def _stats(xs):
 
 def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")):
     """Times one case in each calling pattern; returns one result dict per pattern."""
+    # A case of 64-bit dtypes is made, traced and timed with x64 on (see _select_case).
+    with jax.enable_x64(True) if case.get("x64") else contextlib.nullcontext():
+        return _measure(case, rounds, min_sample_s, patterns)
+
+
+def _measure(case, rounds, min_sample_s, patterns):
     ours, theirs, args = case["make"]()
+    if case["op"] == "select" and args[1].dtype.name != case["dtype"]:
+        raise RuntimeError(f"{case['name']}: made {args[1].dtype} arrays, not {case['dtype']}")
     chain = case["chain"]
     host = tuple(np.asarray(a) for a in args)
     # Agreement first (bitwise); donated inputs are consumed, so copy.
