@@ -479,7 +479,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
           check_bounds,
           row_out,
           total_rows};
-      PrefaultFresh(pool, call.out, out->size_bytes());
+      PrefaultFresh(call.out, out->size_bytes());
       GatherKernel(pool, call);
       return ffi::Error::Success();
     });
@@ -776,7 +776,7 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   if (row_src > 0)
     JAX_EXT_RETURN_IF_ERROR(
         FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets, seen));
-  PrefaultFresh(pool, out->untyped_data(), out->size_bytes());
+  PrefaultFresh(out->untyped_data(), out->size_bytes());
 
   // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
   // as unsigned of their width (two's complement wraps alike), complex as float lanes.

@@ -115,17 +115,24 @@ inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) 
 #endif
 }
 
-// Returns true when the hint was given (the buffer is fresh).
-inline bool AdviseHugePages(void* data, size_t bytes) {
+// Maps a fresh result's interior as huge pages, from the calling thread, before the
+// kernel's threads write it. Faulting huge pages from two threads at once stalled one
+// of them for 100-290 ms in 4-6% of calls on a 2-vCPU VM (a C loop over fresh 32 MiB
+// buffers, 400 calls: 18-25 slow ones with two threads faulting, 0-1 with one thread
+// mapping first); mapping from one thread costs about 2 ms more at the median and
+// removes that tail. Contents are unchanged (fresh anonymous memory reads as zero
+// either way). A kernel without MADV_POPULATE_WRITE (before Linux 5.14) refuses it and
+// the pages fault on first write, as huge pages still.
+inline void PrefaultFresh(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   uintptr_t b, e;
-  if (!FreshInterior(data, bytes, &b, &e)) return false;
+  if (!FreshInterior(data, bytes, &b, &e)) return;
   madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-  return true;
+#if defined(MADV_POPULATE_WRITE)
+  madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_WRITE);
+#endif
 #else
-  (void)data;
-  (void)bytes;
-  return false;
+  (void)data, (void)bytes;
 #endif
 }
 

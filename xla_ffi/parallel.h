@@ -54,29 +54,4 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, const
   state->cv.wait(lock, [&] { return state->done == chunks; });
 }
 
-// Maps (and lets the kernel zero) a fresh result's huge pages before the kernel writes
-// it, split over the pool: each thread faults in its own contiguous range. Writing
-// threads that interleave small blocks fault the same 2 MiB page at once, and the kernel
-// zeroes it once per faulting thread and keeps one. Contents are unchanged (fresh
-// anonymous memory reads as zero either way) and only the buffer's own pages are
-// touched; a kernel without MADV_POPULATE_WRITE (before Linux 5.14) refuses it and the
-// pages fault on first write as before.
-inline void PrefaultFresh(xla::ffi::ThreadPool& pool, void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-  uintptr_t b, e;
-  if (!FreshInterior(data, bytes, &b, &e)) return;
-#if defined(MADV_HUGEPAGE)
-  madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#endif
-  const int64_t pages = static_cast<int64_t>((e - b) / kHugeBytes);
-  ParallelFor(pool, pages, int64_t{1}, [&](int64_t p0, int64_t p1) {
-    madvise(reinterpret_cast<void*>(b + static_cast<uintptr_t>(p0) * kHugeBytes),
-            static_cast<size_t>(p1 - p0) * kHugeBytes, MADV_POPULATE_WRITE);
-  });
-#else
-  AdviseHugePages(data, bytes);
-  (void)pool;
-#endif
-}
-
 }  // namespace jax_ext

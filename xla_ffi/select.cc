@@ -190,7 +190,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
     }
   }
 
-  if (!in_place) AdviseHugePages(out->untyped_data(), out->size_bytes());
+  if (!in_place) PrefaultFresh(out->untyped_data(), out->size_bytes());
   const size_t width = ffi::ByteWidth(out->element_type());
   return DispatchWidth(width, [&](auto tag) -> ffi::Error {
     using T = decltype(tag);
