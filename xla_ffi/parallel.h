@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 
-#include "memory.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
