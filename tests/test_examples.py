@@ -1,5 +1,7 @@
-"""Every script in examples/ runs, and every ```python block in README.md runs as written
-(each in a fresh process, importing the jax_ext under test)."""
+"""Every script in examples/ runs, every ```python block in README.md runs as written (each
+in a fresh process), and the ```python blocks of each page under docs/ run in order, in one
+fresh process per page (a page reads as one session: a later block may use an earlier one's
+names). All of them import the jax_ext under test."""
 import os
 import pathlib
 import re
@@ -15,6 +17,10 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 EXPECTED = {"quickstart", "openvino_onednn_select", "onnx_where", "tensorflow_where3",
             "ascend_gather", "training_step", "sharding", "export"}
+# Fragments included into pages (`{include}`), not pages: their blocks run with the page.
+DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md")
+                   if "_build" not in p.parts and "_generated" not in p.parts
+                   and not p.name.startswith("_"))
 
 
 def _run_python(args, cwd):
@@ -27,6 +33,20 @@ def _run_python(args, cwd):
     assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr
     return r.stdout
+
+
+def _expand_includes(path):
+    """A Markdown file's text with each MyST ```{include} fragment``` replaced by the
+    fragment's text."""
+    def fragment(m):
+        return _expand_includes((path.parent / m.group(1).strip()).resolve())
+    return re.sub(r"^```\{include\} (.+?)\n```\n", fragment, path.read_text(), flags=re.M)
+
+
+def python_blocks(path):
+    """The ```python fenced blocks of a Markdown file, included fragments too (other
+    fences, and MyST directives such as ```{literalinclude}, are not run)."""
+    return re.findall(r"^```python\n(.*?)^```", _expand_includes(path), flags=re.S | re.M)
 
 
 def test_every_expected_example_exists():
@@ -42,13 +62,7 @@ def test_example_runs(path, tmp_path):
         assert out.startswith(f"native module: {want}")
 
 
-def readme_python_blocks():
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-    return blocks
-
-
-BLOCKS = readme_python_blocks()
+BLOCKS = python_blocks(ROOT / "README.md")
 
 
 def test_readme_has_python_blocks():
@@ -58,3 +72,38 @@ def test_readme_has_python_blocks():
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
 def test_readme_python_block_runs(i, tmp_path):
     _run_python(["-c", BLOCKS[i]], cwd=tmp_path)
+
+
+def test_docs_pages_exist():
+    names = {p.relative_to(ROOT / "docs").as_posix() for p in DOC_PAGES}
+    assert {"index.md", "getting-started.md", "sharp-bits.md", "scaling-out.md",
+            "performance.md", "design.md", "testing.md", "api.md"} <= names
+    assert sum(len(python_blocks(p)) for p in DOC_PAGES) >= 10
+
+
+@pytest.mark.parametrize("page", [p for p in DOC_PAGES if python_blocks(p)],
+                         ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
+def test_docs_page_python_blocks_run(page, tmp_path):
+    blocks = python_blocks(page)
+    script = "\n".join(f"# --- block {k}\n{b}" for k, b in enumerate(blocks))
+    _run_python(["-c", script], cwd=tmp_path)
+
+
+def test_api_reference_covers_all():
+    """Every public name has an autodoc entry (the reference is generated, so a name added
+    to __all__ without one would silently be missing from it)."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    documented = set(re.findall(r"^\.\. auto(?:function|class):: jax_ext\.(\w+)", text,
+                                flags=re.M))
+    assert documented == set(jax_ext.__all__)
+
+
+def test_no_machine_paths_or_run_stamps_in_user_docs():
+    """User-facing text holds no absolute path of a machine and no run time stamp."""
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md",
+             *(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
+    bad = re.compile(r"/work/|/home/|/tmp/|/Users/|\b20\d\d-\d\d-\d\d[ T]\d\d:\d\d"
+                     r"|\b\d\d:\d\d UTC\b")
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files
+            for m in bad.finditer(p.read_text())]
+    assert not hits, hits
