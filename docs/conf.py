@@ -29,6 +29,8 @@ myst_heading_anchors = 3
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# Lets napoleon escape the trailing underscore of `else_` (an RST reference otherwise).
+strip_signature_backslash = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 # Keep signatures readable: jax.typing.ArrayLike is a long Union.

@@ -24,16 +24,37 @@ _state = _compat.impl_state()
 
 
 def implementation(name: ImplementationName) -> AbstractContextManager[None]:
-    """Context manager choosing how jax_ext primitives bound inside it are lowered.
+    """Choose how the jax_ext calls bound inside the block are lowered.
 
-    "native": the C++ FFI handlers on CPU (other platforms always use lax);
-    "lax": ``lax.select_n`` / ``lax.gather`` everywhere; "auto" (default): per call site,
-    native only where the kernel wins in the program around it (operands already in
-    memory, a result nothing would fuse, enough work), lax elsewhere; see
-    ``jax_ext.explain``. The choice is recorded on each primitive when it is
-    bound and is part of the jit cache key, so a function traced under one setting is
-    retraced under another. The default comes from ``JAX_EXT_IMPL`` (one of the same
-    names; any other value makes ``import jax_ext`` raise this function's ValueError).
+    * ``"auto"`` (the default): per call site, while the program is lowered for CPU, the
+      native kernel only where it wins in the program around it (operands already in
+      memory, a result nothing would fuse, enough work), the lax path elsewhere; see
+      :func:`explain`.
+    * ``"native"``: the C++ FFI kernels on CPU (lax when the native module is not loaded,
+      and on every other platform).
+    * ``"lax"``: ``lax.select_n`` / ``lax.gather`` everywhere, with the same bits.
+
+    The choice is recorded on each primitive when it is bound and is part of jit's cache
+    key, so a function traced under one setting is retraced under another. The process
+    default comes from the environment variable ``JAX_EXT_IMPL`` (one of the same names;
+    any other value makes ``import jax_ext`` raise this function's ``ValueError``).
+
+    Args:
+        name: ``"auto"``, ``"native"`` or ``"lax"``.
+
+    Returns:
+        A context manager; the previous setting is restored when the block exits.
+
+    Raises:
+        ValueError: ``name`` is not one of the three names (``"LAX"`` included).
+
+    Example:
+        >>> import numpy as np, jax, jax_ext
+        >>> c, x = np.array([True, False]), np.ones(2, np.float32)
+        >>> with jax_ext.implementation("lax"):
+        ...     hlo = jax.jit(jax_ext.where).lower(c, x, -x).as_text()
+        >>> "custom_call" in hlo
+        False
     """
     _check_name(name)
     return _state(name)  # type: ignore[no-any-return]

@@ -129,50 +129,75 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
            index: ArrayLike, *, check_bounds: bool = True,
            num_indices: ArrayLike | None = None, pad_value: ArrayLike | None = None,
            align_bytes: int | None = 32) -> jax.Array:
-    """Ascend ``asctile.gather``: rows of ``src`` picked by ``index`` along ``dim``.
+    """Gather rows of ``src`` picked by ``index`` along ``dim``: Ascend ``asctile.gather``.
 
-    For ``i < n = index.shape[0]`` with ``r = offsets[dim] + index[i]``::
+    For ``i < n = index.shape[0]``, with ``r = offsets[dim] + index[i]``::
 
         result[i] = src[offsets[0], ..., offsets[dim-1], r, :, ..., :]
 
-    The result has shape ``(n, *src.shape[dim+1:-1], L)`` and ``src``'s dtype; ``L`` is
-    ``src.shape[-1]`` rounded up so that ``L * itemsize`` is a multiple of
-    ``align_bytes`` (``None``: no padding); the extra columns hold ``pad_value``.
+    The result has shape ``(n, *src.shape[dim+1:-1], L)`` and ``src``'s dtype, where ``L``
+    is ``src.shape[-1]`` rounded up so that ``L * itemsize`` is a multiple of
+    ``align_bytes``: by default the last dimension is **padded to 32 bytes** (a 5-column
+    float32 ``src`` gives 8 columns); pass ``align_bytes=None`` for no padding. The extra
+    columns hold ``pad_value``. Negative and past-the-end positions are out of range (not
+    wrapped, unlike ``jnp.take``). Values move bit for bit.
 
-    * ``check_bounds=True``: a row whose ``offsets[:dim]`` or ``r`` lie outside ``src``
-      (negative included) holds ``pad_value``. ``check_bounds=False``: offsets and ``r``
-      are clamped into ``src`` (memory outside ``src`` is never read; an out-of-range row
-      holds the nearest edge row, and its gradient goes there). A ``src`` with no rows
-      to read gives pad rows either way.
-    * ``num_indices``: rows ``num_indices..n-1`` hold ``pad_value``. A static value must
-      lie in ``[0, n]``; a traced one is clamped to ``[0, n]``.
-    * ``pad_value``: ``None`` means 0; cast to ``src.dtype`` (as ``astype``).
-    * ``offsets``, ``num_indices``, ``pad_value`` may each be static or traced; they are
-      operands either way, so one compiled program serves every value.
+    ``offsets``, ``num_indices`` and ``pad_value`` may each be static or traced; they are
+    operands either way, so one compiled program serves every value. ``offsets`` and
+    ``num_indices`` travel in jax's default integer type (int64 under
+    ``jax_enable_x64``, else int32); ``offsets[dim] + index[i]`` is computed exactly.
 
-    Decisions where the contract is silent:
+    Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates accumulate in
+    index order, deterministically; padded rows and columns contribute nothing;
+    float16/bfloat16 accumulate in float32 and round once). ``pad_value`` gets the sum of
+    the cotangent over every padded position; ``offsets``, ``index`` and ``num_indices``
+    get none. ``vmap`` over any operand is one call with a batch dimension. The
+    documentation's "Sharp bits" page lists the decisions taken where the contract is
+    silent.
 
-    * ``offsets`` may also be a rank-1 integer array of length ``dim + 1``. Offsets and
-      ``num_indices`` travel in jax's default integer type: int64 under
-      ``jax_enable_x64``, else int32. A static offset outside that range raises
-      ``ValueError``; a traced unsigned offset above its maximum saturates to it.
-      ``offsets[dim] + index[i]`` is computed exactly (no wrap-around), for unsigned
-      64-bit indices too.
-    * ``dim`` must be a Python int (``TypeError`` otherwise, bool included); ``index``
-      must be an integer array, bool is not (``TypeError``); ``align_bytes`` must be a
-      positive int multiple of the itemsize (``ValueError``), sub-byte dtypes count as
-      1 byte.
-    * Values move bit for bit (NaN payloads, -0.0), natively and through lax.
-    * A typed PRNG key array ``src`` (any implementation) is gathered key by key, as its
-      key data words: ``align_bytes`` must be ``None`` or a multiple of one key's size,
-      padded and out-of-range positions hold the all-zero key, and ``pad_value`` must be
-      ``None``. Other extended dtypes raise ``TypeError``.
-    * Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates
-      accumulate; padded rows and columns contribute nothing). Every element receives
-      its contributions in index order on every thread count (deterministic);
-      float16/bfloat16 accumulate in float32 and round once. ``pad_value`` gets the sum
-      of the cotangent over every padded position. ``offsets``, ``index`` and
-      ``num_indices`` get none.
+    Args:
+        src: the array to gather from, of rank >= 2 and any JAX dtype, or a typed PRNG key
+            array (gathered key by key: ``align_bytes`` counts whole keys, padded positions
+            hold the all-zero key, and ``pad_value`` must be ``None``).
+        offsets: ``dim + 1`` integers (Python ints or integer scalar arrays, traced
+            allowed), or a rank-1 integer array of that length: the start position in
+            each of ``src``'s dimensions ``0 .. dim``.
+        dim: a Python int, ``0 <= dim < src.ndim - 1``: the dimension ``index`` walks.
+        index: a rank-1 array of any integer dtype, shape ``(n,)``, traced allowed.
+        check_bounds: ``True``: a row whose ``offsets[:dim]`` or ``r`` lie outside
+            ``src`` holds ``pad_value``. ``False``: positions are clamped into ``src``
+            (memory outside it is never read), so an out-of-range row holds the nearest
+            edge row and its gradient goes there. Read as a static Python bool.
+        num_indices: ``None`` (all ``n`` rows) or an integer scalar, traced allowed:
+            rows ``num_indices .. n-1`` hold ``pad_value``. A traced value is clamped to
+            ``[0, n]``.
+        pad_value: ``None`` (0) or a scalar, traced allowed, cast to ``src.dtype``.
+        align_bytes: ``None`` or a positive multiple of ``src``'s itemsize, at most
+            ``2**31`` (sub-byte dtypes count as 1 byte). Default 32.
+
+    Returns:
+        A ``jax.Array`` of shape ``(n, *src.shape[dim+1:-1], L)`` and dtype ``src.dtype``.
+
+    Raises:
+        TypeError: ``src``, ``index`` or an offset is not an array of integers where one is
+            needed (``index`` of a float or bool dtype, ``dim`` not an int, a
+            ``pad_value`` that cannot be cast to ``src.dtype``).
+        ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
+            rank 1; a static ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
+            a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
+        NotImplementedError: ``dim`` is the last dimension of ``src`` (as in the seed).
+
+    Example:
+        >>> import numpy as np, jax_ext
+        >>> src = np.arange(256, dtype=np.int32).reshape(32, 8)
+        >>> rows = jax_ext.gather(src, [0], 0, np.arange(0, 32, 2))  # every other row
+        >>> rows.shape, bool((np.asarray(rows) == src[::2]).all())
+        ((16, 8), True)
+        >>> table = np.ones((10, 5), np.float32)
+        >>> jax_ext.gather(table, [0], 0, np.array([1, -1, 9]), pad_value=-1.0).tolist()[1]
+        [-1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0]
+        >>> jax_ext.gather(table, [0], 0, np.array([1]), align_bytes=None).shape
+        (1, 5)
     """
     fn = "gather"
     if is_extended(src):

@@ -190,11 +190,36 @@ if _ERROR is not None:
 
 
 def native_available() -> bool:
-    """True when the compiled FFI module loaded and its CPU targets are registered."""
+    """Whether the native CPU kernels are available.
+
+    Returns:
+        ``True`` when the compiled FFI module loaded and its CPU targets are registered with
+        XLA. ``False`` otherwise; everything then runs through lax, with the same bits, and
+        :func:`native_error` says why.
+
+    Example:
+        >>> import jax_ext
+        >>> jax_ext.native_available() in (True, False)
+        True
+    """
     return _AVAILABLE
 
 
 def native_error() -> str | None:
-    """Why the native module is unavailable (the cause and the cure), or None when it
-    loaded. The same text as the RuntimeWarning ``import jax_ext`` gave."""
+    """Why the native module is unavailable, with the cure.
+
+    The causes it names: a source folder without its compiled module (typically Python
+    started in a clone's root, whose ``jax_ext/`` shadows the installed package), a module
+    that does not load (built for another Python or jaxlib), or a jaxlib that refuses its
+    handlers.
+
+    Returns:
+        ``None`` when the native module loaded; otherwise the cause and the cure, the same
+        text as the ``RuntimeWarning`` that ``import jax_ext`` gave.
+
+    Example:
+        >>> import jax_ext
+        >>> jax_ext.native_error() is None or isinstance(jax_ext.native_error(), str)
+        True
+    """
     return _ERROR

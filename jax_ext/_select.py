@@ -145,16 +145,48 @@ def _bind(cond, x, y, out_shape, dims):
 
 def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
            auto_broadcast: AutoBroadcast = "numpy") -> jax.Array:
-    """OpenVINO Select-1 / oneDNN Graph Select: ``cond ? then : else_``.
+    """Select elements of ``then`` or ``else_`` by ``cond``: OpenVINO Select-1, oneDNN Select.
 
-    ``auto_broadcast="numpy"``: ``then`` and ``else_`` broadcast to each other (numpy
-    rules) giving shape ``S``; ``cond`` is then broadcast one way to ``S`` and never
-    enlarges the result. ``auto_broadcast="none"``: all three shapes must be equal.
+    ``result = cond ? then : else_``, element by element. With ``auto_broadcast="numpy"``,
+    ``then`` and ``else_`` broadcast to each other by numpy rules, giving the result shape
+    ``S``; ``cond`` is then broadcast **one way** to ``S``: its rank may not exceed ``S``'s,
+    and, aligned from the right, each of its dimensions equals ``S``'s or is 1, so the
+    condition never enlarges the result. With ``auto_broadcast="none"`` all three shapes
+    must be identical. Values are copied bit for bit (NaN payloads, ``-0.0``).
 
-    In place (oneDNN): under ``jax.jit(..., donate_argnums=...)`` with ``then`` donated
-    and ``then.shape == S``, the result reuses ``then``'s buffer and the kernel only
-    writes blocks where ``cond`` has a false element. A call whose ``then`` is not a
-    donated argument of the jitted function gets a fresh output and no extra copy.
+    In place (oneDNN): under ``jax.jit(..., donate_argnums=...)`` with ``then`` donated and
+    ``then.shape == S``, the result reuses ``then``'s buffer and the kernel writes only the
+    blocks where ``cond`` holds a false element. A ``then`` that is not a donated argument
+    of the outermost jitted function gets a fresh result, with no extra copy.
+
+    Args:
+        cond: a ``bool`` array (or Python bool, or nested list of bools) whose shape
+            broadcasts one way to ``S``.
+        then: the values where ``cond`` is true: an array or a scalar of any JAX dtype,
+            or a typed PRNG key array.
+        else_: the values where ``cond`` is false, of ``then``'s dtype; a Python scalar
+            follows JAX's weak-type promotion, as in ``jnp.where``.
+        auto_broadcast: ``"numpy"`` (the default) or ``"none"``.
+
+    Returns:
+        A ``jax.Array`` of shape ``S`` and the values' common dtype.
+
+    Raises:
+        TypeError: ``cond`` is not ``bool``; ``then`` and ``else_`` have different strong
+            dtypes; an operand is not an array or a scalar.
+        ValueError: ``auto_broadcast`` is neither ``"numpy"`` nor ``"none"``; the shapes do
+            not broadcast, or ``cond`` would enlarge the result; a Python int does not fit
+            the other operand's dtype.
+
+    Example:
+        >>> import numpy as np, jax_ext
+        >>> cond = np.array([[False, False], [True, False], [True, True]])
+        >>> then = np.array([[-1, 0], [1, 2], [3, 4]], np.int32)
+        >>> else_ = np.array([[11, 10], [9, 8], [7, 6]], np.int32)
+        >>> jax_ext.select(cond, then, else_).tolist()
+        [[11, 10], [1, 8], [3, 4]]
+        >>> jax_ext.select(np.array([True, False]), then, else_).tolist()  # cond (2,) -> (3, 2)
+        [[-1, 10], [1, 8], [3, 6]]
     """
     fn = "select"
     if auto_broadcast not in ("numpy", "none"):
@@ -182,10 +214,39 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
-    """ONNX Where-16 (also TF SelectV2, numpy.where): all three broadcast together.
+    """Select elements of ``x`` or ``y`` by ``condition``: ONNX Where-16, TF SelectV2, numpy.where.
 
-    In all three selects the values may also be typed PRNG key arrays (both of one
-    implementation): they move as their key data, exactly, and come back as keys."""
+    ``result = condition ? x : y``, element by element, with all three operands broadcast
+    together by numpy rules: unlike :func:`select`, the condition may enlarge the result.
+    Values are copied bit for bit (NaN payloads, ``-0.0``). Differentiable in ``x`` and
+    ``y``; the condition gets no tangent.
+
+    Args:
+        condition: a ``bool`` array (or Python bool, or nested list of bools).
+        x: the values where ``condition`` is true: an array or a scalar of any JAX dtype.
+            ``x`` and ``y`` may also both be typed PRNG key arrays of one implementation
+            (``jax.random.key``); they move as their key data and come back as keys.
+        y: the values where ``condition`` is false, of ``x``'s dtype; a Python scalar
+            follows JAX's weak-type promotion, as in ``jnp.where``.
+
+    Returns:
+        A ``jax.Array`` of the broadcast shape of the three operands and the values'
+        common dtype.
+
+    Raises:
+        TypeError: ``condition`` is not ``bool``; ``x`` and ``y`` have different strong
+            dtypes; an operand is not an array or a scalar.
+        ValueError: the shapes do not broadcast; a Python int does not fit the other
+            operand's dtype.
+
+    Example:
+        >>> import numpy as np, jax_ext
+        >>> c = np.array([[True], [False]])
+        >>> x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+        >>> y = np.array([[10, 20, 30]], np.int32)
+        >>> jax_ext.where(c, x, y).tolist()
+        [[1, 2, 3], [10, 20, 30]]
+    """
     fn = "where"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)
@@ -195,8 +256,35 @@ def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
 
 
 def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
-    """TensorFlow Where3 (legacy Select): ``x`` and ``y`` have one shape; ``condition``
-    is a scalar, has that shape, or (rank >= 2) is a vector picking whole rows."""
+    """Select elements or whole rows of ``x`` or ``y`` by ``condition``: TensorFlow Where3.
+
+    ``x`` and ``y`` have one shape, which is the result's. ``condition`` is a scalar (it
+    picks all of ``x`` or all of ``y``), or has ``x``'s shape (element-wise), or, when ``x``
+    has rank >= 2, is a vector of length ``x.shape[0]`` that picks whole rows (TF's legacy
+    ``Select``). With a rank-1 ``x``, a rank-1 condition is element-wise.
+
+    Args:
+        condition: a ``bool`` scalar, an array of ``x``'s shape, or (``x`` of rank >= 2)
+            a vector of length ``x.shape[0]``.
+        x: the values where ``condition`` is true: an array of any JAX dtype, or a typed
+            PRNG key array.
+        y: the values where ``condition`` is false, of ``x``'s shape and dtype.
+
+    Returns:
+        A ``jax.Array`` of ``x``'s shape and the values' common dtype.
+
+    Raises:
+        TypeError: ``condition`` is not ``bool``; ``x`` and ``y`` have different strong
+            dtypes; an operand is not an array or a scalar.
+        ValueError: ``x`` and ``y`` differ in shape; ``condition`` has any other shape.
+
+    Example:
+        >>> import numpy as np, jax_ext
+        >>> t = np.array([[1, 2], [3, 4]], np.int32)
+        >>> e = np.array([[5, 6], [7, 8]], np.int32)
+        >>> jax_ext.where3(np.array([True, False]), t, e).tolist()  # row mode
+        [[1, 2], [7, 8]]
+    """
     fn = "where3"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)

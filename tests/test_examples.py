@@ -107,3 +107,25 @@ def test_no_machine_paths_or_run_stamps_in_user_docs():
     hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files
             for m in bad.finditer(p.read_text())]
     assert not hits, hits
+
+
+DOCTEST = """
+import doctest, jax_ext
+owned = {"select", "where", "where3", "gather", "implementation", "native_available",
+         "native_error", "export_checks"}
+finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(verbose=False)
+for name in jax_ext.__all__:
+    for t in finder.find(getattr(jax_ext, name), name, globs={}):
+        runner.run(t)
+    assert name not in owned or any(t.examples for t in finder.find(getattr(jax_ext, name))), (
+        f"{name}'s docstring has no example")
+res = runner.summarize(verbose=False)
+assert res.failed == 0 and res.attempted > 0, res
+print(res)
+"""
+
+
+def test_docstring_examples_run(tmp_path):
+    """The Example sections of the public docstrings run as written (doctest, fresh process,
+    default jax config: what a user who copies them gets)."""
+    assert "attempted" in _run_python(["-c", DOCTEST], cwd=tmp_path)
