@@ -32,9 +32,9 @@ napoleon_use_rtype = False
 # Lets napoleon escape the trailing underscore of `else_` (an RST reference otherwise).
 strip_signature_backslash = True
 autodoc_member_order = "bysource"
-autodoc_typehints = "signature"
-# Keep signatures readable: jax.typing.ArrayLike is a long Union.
-autodoc_type_aliases = {"ArrayLike": "jax.typing.ArrayLike"}
+# Signatures without annotations (jax.typing.ArrayLike expands to a long Union); each
+# docstring's Args section gives every argument's type, shape and dtype.
+autodoc_typehints = "none"
 
 html_theme = "furo"
 html_title = f"jax_ext {release}"
