@@ -1,4 +1,4 @@
-"""Quick start: the four operations, checked against numpy (the README's first example)."""
+"""Quick start: select and gather, checked against numpy (as in the README's usage section)."""
 import numpy as np
 
 import jax_ext
