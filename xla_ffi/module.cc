@@ -6,7 +6,7 @@
 
 namespace nb = nanobind;
 
-// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc and gather.cc.
+// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc, gather.cc and scatter_add.cc.
 namespace jax_ext {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherHandler);
