@@ -2,7 +2,7 @@
 // scatter-add, its transpose, is in scatter_add.cc.
 //
 // The kernels are compiled once per element width (the bytes they move) and, for short
-// unpadded rows, per row size; the index dtype is read by rows.h's ResolveRows.
+// unpadded rows, per row size; only RowPointers reads the index, by its dtype.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
