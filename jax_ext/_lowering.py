@@ -209,15 +209,16 @@ def kernel_limit(op: str, ctx, params) -> str | None:
     counted = []
     for name, a in zip(names, avals):
         if "nbatch" in params:
-            n, what = len(a.shape) - nbatch, "dims past the batch"
+            n, what = len(a.shape) - nbatch, f"past its {nbatch} batch dims"
         else:
             n = sum(1 for d in a.shape if not (isinstance(d, (int, np.integer)) and d == 1))
-            what = "dims of size other than 1"
+            what = "of size other than 1"
         counted.append((n, name, a, what))
     n, name, a, what = max(counted, key=lambda c: c[0])
     if n <= limit:
         return None
-    return (f"{name} {a.str_short()} has rank {len(a.shape)} ({n} {what}), above the native "
+    detail = f" ({n} dims {what})" if n != len(a.shape) else ""
+    return (f"{name} {a.str_short()} has rank {len(a.shape)}{detail}, above the native "
             f"kernels' limit of {limit}")
 
 
