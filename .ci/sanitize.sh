@@ -15,6 +15,15 @@ PY=python3
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv --system-site-packages "$VENV"
+  # Where $PY is itself a virtual environment, --system-site-packages sees its base
+  # interpreter, not it: its site-packages (jax, pytest, ...) are added by a .pth file.
+  "$PY" - "$VENV" <<'PY'
+import pathlib, site, sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    rel = pathlib.Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
+    pth = pathlib.Path(sys.argv[1]) / rel / "_outer_venv.pth"
+    pth.write_text("\n".join(site.getsitepackages()) + "\n")
+PY
 fi
 echo "sanitize.sh: building jax_ext with -fsanitize=address,undefined into $VENV"
 JAX_EXT_SANITIZE=ON "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps \

@@ -1,1 +1,3 @@
+MAX_RANK: int = 64
+
 def registrations() -> dict: ...

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from . import _auto, _compat
+from . import _auto, _compat, _native
 from ._native import native_available
 
 mlir = _compat.mlir
@@ -163,6 +163,13 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
 
     def cpu_rule(ctx, *args, **params):
         use, why = choose(ctx, args, params)
+        if use:
+            beyond = kernel_limit(op, ctx, params)
+            if beyond is not None:
+                if params.get("impl") == "native":
+                    raise ValueError(f"jax_ext.{op}: impl='native' cannot take this call: "
+                                     f"{beyond}. Use impl='auto' or 'lax', which compute it.")
+                use, why = False, beyond
         out = None
         if use:
             if raw is not None and _compat.spmd_mesh_shape(ctx) is not None:
@@ -175,6 +182,44 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
+
+
+# Operand names per op, for kernel_limit's message (the result is "the result").
+_OPERANDS = {
+    "select": ("cond", "x", "y"),
+    "gather": ("src", "offsets", "index", "num_indices", "pad_value"),
+    "scatter_add": ("cotangent", "offsets", "index", "num_indices"),
+}
+
+
+def kernel_limit(op: str, ctx, params) -> str | None:
+    """Why the native kernels cannot take this call, or None: their index state holds at
+    most MAX_RANK dims. Gather and scatter-add walk `nbatch` leading batch dims and the
+    rest of each operand apart, each up to the limit; select walks the result with size-1
+    dims dropped (what the collapse before the call leaves), so only other dims count."""
+    limit = _native.MAX_RANK
+    avals = list(ctx.avals_in) + list(ctx.avals_out)
+    names = _OPERANDS.get(op, ())
+    names = tuple(names) + tuple(f"operand {k}" for k in range(len(names), len(ctx.avals_in)))
+    names += ("the result",) * len(ctx.avals_out)
+    nbatch = int(params.get("nbatch", 0))
+    if nbatch > limit:
+        return (f"{nbatch} batch dims (nested vmaps) are above the native kernels' limit of "
+                f"{limit}")
+    counted = []
+    for name, a in zip(names, avals):
+        if "nbatch" in params:
+            n, what = len(a.shape) - nbatch, f"past its {nbatch} batch dims"
+        else:
+            n = sum(1 for d in a.shape if not (isinstance(d, (int, np.integer)) and d == 1))
+            what = "of size other than 1"
+        counted.append((n, name, a, what))
+    n, name, a, what = max(counted, key=lambda c: c[0])
+    if n <= limit:
+        return None
+    detail = f" ({n} dims {what})" if n != len(a.shape) else ""
+    return (f"{name} {a.str_short()} has rank {len(a.shape)}{detail}, above the native "
+            f"kernels' limit of {limit}")
 
 
 def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):

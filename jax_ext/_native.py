@@ -24,6 +24,9 @@ import jax
 _AVAILABLE = False
 _ERROR: str | None = None
 TARGETS: tuple[str, ...] = ()
+# The largest rank the kernels walk (their index state is fixed arrays of this size): the
+# compiled module says; a call past it is routed at lowering (jax_ext._lowering).
+MAX_RANK = 64
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _MODULE = "_jax_ext"
@@ -166,6 +169,8 @@ def _load() -> tuple[str, ...]:
         from . import _jax_ext  # the nanobind module built from xla_ffi/
     except Exception as e:  # ImportError (bad ELF, undefined symbol) or anything it raised
         raise _NativeError(_explain_load_failure(e, filename)) from e
+    global MAX_RANK
+    MAX_RANK = int(getattr(_jax_ext, "MAX_RANK", MAX_RANK))
     try:
         regs = _jax_ext.registrations()
         for name, capsule in regs.items():

@@ -364,6 +364,83 @@ def ffi_scatter_malicious():
     assert np.isfinite(np.asarray(got)).all()
 
 
+def _peak_rss_mib():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def expect_invalid(msg, fn, *args, **kw):
+    """fn fails at run time with INVALID_ARGUMENT naming `msg` (never bad_alloc, never a
+    crash)."""
+    try:
+        fn(*args, **kw)
+    except RuntimeErr as e:
+        assert "INVALID_ARGUMENT" in str(e) and msg in str(e), f"expected {msg!r} in: {e}"
+        return
+    raise AssertionError(f"no error for {kw} (expected {msg!r})")
+
+
+@child
+def ffi_v2_hostile_attrs():
+    """Every v2 attribute is checked against the operands' ranks before anything is sized
+    by it: a huge nbatch is refused at once, naming nbatch, without allocating."""
+    src = jnp.zeros((5, 2, 3), jnp.float32)
+    offs, idx = jnp.array([0], jnp.int64), jnp.array([0, 4], jnp.int32)
+    num, pad, ct = jnp.array(2, jnp.int64), jnp.array(0, jnp.float32), jnp.ones((2, 2, 3))
+    gf = jax.ffi.ffi_call("jax_ext_gather_v2", jax.ShapeDtypeStruct((2, 2, 3), jnp.float32))
+    sf = jax.ffi.ffi_call("jax_ext_scatter_add_v2",
+                          jax.ShapeDtypeStruct((5, 2, 3), jnp.float32))
+    gather = lambda **a: np.asarray(gf(src, offs, idx, num, pad, **_attrs(a)))  # noqa: E731
+    scatter = lambda **a: np.asarray(sf(ct.astype(jnp.float32), offs, idx, num,  # noqa: E731
+                                        **_attrs(a)))
+    base = _peak_rss_mib()
+    for nb, msg in ((2 ** 28, "nbatch = 268435456 is above"), (2 ** 40, "nbatch = 1099511627776"),
+                    (I64_MAX, "nbatch = 9223372036854775807"), (65, "limit of 64 batch dims"),
+                    (2, "nbatch = 2: an operand (1,) has fewer dims"),
+                    (-1, "negative nbatch = -1"), (I64_MIN, "negative nbatch")):
+        for fn in (gather, scatter):
+            expect_invalid(msg, fn, dim=0, nbatch=nb, check_bounds=True)
+    for d in (2, -1, 2 ** 40, I64_MIN):
+        expect_invalid("has no dim", gather, dim=d, nbatch=0, check_bounds=False)
+        expect_invalid("has no dim", scatter, dim=d, nbatch=0, check_bounds=False)
+    # rank mismatches: one batch dim that offsets and index do not carry
+    expect_invalid("an operand () has fewer dims", gather, dim=0, nbatch=1, check_bounds=True)
+    expect_invalid("offsets (1,) must have rank nbatch + 1 = 2", lambda: np.asarray(gf(
+        src[:2], offs, idx, num.reshape(1), pad.reshape(1), **_attrs(dict(
+            dim=0, nbatch=1, check_bounds=True)))))
+    # nothing above was allocated by attribute (2**28 batch dims held 2 GiB)
+    assert _peak_rss_mib() - base < 256, (base, _peak_rss_mib())
+
+
+@child
+def ffi_v1_hostile_counts():
+    """v1 attributes with huge counts over empty rows: nothing is sized by them."""
+    off, idx, num = jnp.array([0], jnp.int64), jnp.array([0, 3, 0], jnp.int32), jnp.array(3)
+    z = [0]
+    ok = dict(src_shape=[4, 5], dim=0, row_len=5, n=3, check_bounds=True, batch_shape=[1],
+              out_bstrides=z, offsets_bstrides=z, index_bstrides=z, num_bstrides=z)
+    base = _peak_rss_mib()
+    # 2**40 broadcast batch elements of rows with no elements: 3 * 2**40 cotangent rows
+    # of 0 elements; the result holds no row, so it is zeros
+    for bshape in ([2 ** 40], [2 ** 20, 2 ** 20, 2 ** 10]):
+        bz = [0] * len(bshape)
+        got = ffi_scatter(jnp.zeros((0,), jnp.float32), off, idx, num, out=((4, 5), jnp.float32),
+                          **dict(ok, src_shape=[4, 0], row_len=0, batch_shape=bshape,
+                                 out_bstrides=bz, offsets_bstrides=bz, index_bstrides=bz,
+                                 num_bstrides=bz))
+        assert not got.any()
+    # an empty batch with a huge n: no rows at all
+    got = ffi_scatter(jnp.zeros((0,), jnp.float32), off, idx, num, out=((4, 5), jnp.float32),
+                      **dict(ok, n=2 ** 40, batch_shape=[0]))
+    assert not got.any()
+    g = {k: v for k, v in ok.items() if k != "out_bstrides"}
+    got = ffi_gather(jnp.zeros((4, 5), jnp.float32), off, idx, num, jnp.array(0, jnp.float32),
+                     out=((0,), jnp.float32),
+                     **dict(g, n=2 ** 40, batch_shape=[0], src_bstrides=z, pad_bstrides=z))
+    assert got.size == 0
+    assert _peak_rss_mib() - base < 256, (base, _peak_rss_mib())
+
+
 # --- direct FFI calls -----------------------------------------------------------------
 
 def _attrs(kw):
@@ -401,6 +478,75 @@ def expect_runtime_error(msg, fn, *args, **kw):
         assert msg in str(e), f"expected {msg!r} in: {e}"
         return
     raise AssertionError(f"no error for {kw} (expected {msg!r})")
+
+
+# --- ranks past the kernels' limit: routed at lowering -------------------------------
+
+def _decisions(fn, *args):
+    return [(d.op, d.impl, d.reason) for d in jax_ext.explain(fn, *args)]
+
+
+@pytest.mark.skipif(not jax_ext.native_available(), reason="needs the native module")
+def test_rank_above_the_kernel_limit_is_routed_at_lowering():
+    """src of rank 66 (size-1 dims), 65 nested vmaps, a select of 65 dims of size other
+    than 1: lax under auto, with the reason explain() shows; a ValueError at trace time
+    naming the op, the operand and its rank under native. Below the limit, native. (numpy
+    holds at most 64 dims: the arrays are jax's, compared reshaped.)"""
+    rng = np.random.default_rng(5)
+    rows, cols = 4096, 64  # large enough that auto picks native below the limit
+    base = jnp.asarray(random_values(rng, (rows, cols), np.float32))
+    idx = jnp.asarray(rng.integers(-2, rows + 2, rows).astype(np.int32))
+    want = np.where((np.asarray(idx) >= 0)[:, None] & (np.asarray(idx) < rows)[:, None],
+                    np.asarray(base)[np.clip(np.asarray(idx), 0, rows - 1)], 0)
+    lift = lambda a, k: a.reshape(a.shape[:1] + (1,) * k + a.shape[1:])  # noqa: E731
+    flat = lambda a: np.asarray(a.reshape(rows, cols))  # noqa: E731
+    f = lambda s: jax_ext.gather(s, [0], 0, idx, align_bytes=None)  # noqa: E731
+    src66, src64 = lift(base, 64), lift(base, 62)
+    with jax_ext.implementation("auto"):
+        assert _decisions(f, src64)[0][:2] == ("gather", "native")
+        (op, impl, why), = _decisions(f, src66)
+        assert (op, impl) == ("gather", "lax"), why
+        assert "src float32[4096,1," in why and "rank 66" in why and "limit of 64" in why
+        assert_bits_equal(flat(f(src66)), want)
+        g = jax.grad(lambda s: f(s).sum())(src66)
+        assert_bits_equal(flat(g), np.asarray(jax.grad(lambda s: f(s).sum())(base)))
+    with jax_ext.implementation("native"):
+        with pytest.raises(ValueError, match=r"jax_ext\.gather: impl='native' cannot take "
+                                             r"this call: src float32\[4096,1,.*rank 66"):
+            f(src66)
+        with pytest.raises(ValueError, match="rank 66"):
+            jax.jit(f).lower(src66)
+        assert_bits_equal(flat(f(src64)), want)
+
+    # 65 nested vmaps: 65 batch dims
+    vf = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)  # noqa: E731
+    for _ in range(65):
+        vf = jax.vmap(vf)
+    bsrc, bidx = base.reshape((1,) * 65 + (rows, cols)), idx.reshape((1,) * 65 + (rows,))
+    with jax_ext.implementation("auto"):
+        (op, impl, why), = _decisions(vf, bsrc, bidx)
+        assert impl == "lax" and "65 batch dims" in why, why
+        assert_bits_equal(flat(vf(bsrc, bidx)), want)
+    with jax_ext.implementation("native"):
+        with pytest.raises(ValueError, match="gather: impl='native'.*65 batch dims"):
+            vf(bsrc, bidx)
+
+    # select: size-1 dims are dropped before the call, so 70 dims of them stay native...
+    c = np.asarray(base[:, 0] > 0)
+    x = base[:, 0].reshape((1,) * 69 + (rows,))
+    with jax_ext.implementation("native"):
+        assert _decisions(jax_ext.where, c, x, 0.0)[0][:2] == ("select", "native")
+        assert_bits_equal(np.asarray(jax_ext.where(c, x, 0.0).reshape(-1)),
+                          np.where(c, np.asarray(base[:, 0]), np.float32(0)))
+    # ... but 65 dims of other sizes (an empty array) are not
+    e = jnp.zeros((0,) + (2,) * 64, jnp.float32)
+    with jax_ext.implementation("auto"):
+        assert jax_ext.where(True, e, e).shape == e.shape
+        assert _decisions(jax_ext.where, True, e, e)[0][:2] == ("select", "lax")
+    with jax_ext.implementation("native"):
+        with pytest.raises(ValueError, match=r"select: impl='native'.*float32\[0,2,.*has "
+                                             r"rank 65, above the native kernels' limit"):
+            jax_ext.where(True, e, e)
 
 
 @pytest.mark.parametrize("name", sorted(CHILD))

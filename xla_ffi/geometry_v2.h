@@ -121,15 +121,20 @@ struct GatherAttrs {
 };
 
 // The full batch shape from the leading `nbatch` dims of every operand: per dim, the
-// extent of those that are not 1 (they must agree).
+// extent of those that are not 1 (they must agree). nbatch is checked against the
+// operands' ranks before anything is sized by it.
 inline ffi::Error BatchShape(const char* op, int64_t nbatch, std::initializer_list<Dims> all,
                              std::vector<int64_t>& bshape) {
-  if (nbatch < 0) return Bad(op, "negative nbatch");
+  if (nbatch < 0) return Bad(op, "negative nbatch = " + std::to_string(nbatch));
+  if (nbatch > kMaxRank)
+    return Bad(op, "nbatch = " + std::to_string(nbatch) + " is above the kernels' limit of " +
+                       std::to_string(kMaxRank) + " batch dims");
+  for (Dims d : all)
+    if (static_cast<int64_t>(d.size()) < nbatch)
+      return Bad(op, "nbatch = " + std::to_string(nbatch) + ": an operand " + ShapeString(d) +
+                         " has fewer dims");
   bshape.assign(static_cast<size_t>(nbatch), 1);
   for (Dims d : all) {
-    if (static_cast<int64_t>(d.size()) < nbatch)
-      return Bad(op, "an operand " + ShapeString(d) +
-                         " has fewer than nbatch = " + std::to_string(nbatch) + " dims");
     for (int64_t j = 0; j < nbatch; ++j) {
       if (d[j] == 1) continue;
       if (bshape[j] != 1 && bshape[j] != d[j])

@@ -4,9 +4,11 @@
 #include "xla/ffi/api/api.h"
 #include "xla/ffi/api/c_api.h"
 
+#include "common.h"
+
 namespace nb = nanobind;
 
-// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc and gather.cc.
+// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc, gather.cc and scatter_add.cc.
 namespace jax_ext {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherHandler);
@@ -23,6 +25,8 @@ nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
 }  // namespace
 
 NB_MODULE(_jax_ext, m) {
+  // The largest rank the kernels walk: Python routes a call past it to lax at lowering.
+  m.attr("MAX_RANK") = jax_ext::kMaxRank;
   // Target names carry a version: a serialized (jax.export) program names them, so a
   // change in a handler's operands or attributes gets a new name, never a new meaning.
   m.def("registrations", []() {

@@ -1,0 +1,372 @@
+// Scatter-add, gather's transpose with respect to src (the row geometry is in rows.h): ct
+// rows that gathered real data are added into a zeroed output laid out like src (batch
+// dims broadcast: several batch elements accumulate into one output), padding columns and
+// padded rows are dropped. Every output element receives its contributions in (b, i,
+// column) order whatever the thread count: threads own disjoint columns (long rows) or
+// disjoint output rows (short rows), never the same element, so there are no lost updates
+// and the result is deterministic. float16/bfloat16 accumulate in float32 and round once
+// at the end.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "common.h"
+#include "geometry_v2.h"
+#include "memory.h"
+#include "parallel.h"
+#include "rows.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_ext {
+namespace {
+
+constexpr int64_t kFirst = int64_t{1} << 62;  // target flag: the row's first contribution
+
+inline float Bf16ToF32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t F32ToBf16(float f) {  // round to nearest even; NaN -> canonical quiet NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u & 0x80000000u) ? 0xffc0 : 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float F16ToF32(uint16_t h) {
+  _Float16 x;
+  std::memcpy(&x, &h, 2);
+  return static_cast<float>(x);
+}
+inline uint16_t F32ToF16(float f) {
+  const _Float16 x = static_cast<_Float16>(f);
+  uint16_t h;
+  std::memcpy(&h, &x, 2);
+  return h;
+}
+
+// How a dtype is accumulated: as Acc, converted from and to the stored 16-bit floats for
+// kF16 and kBF16.
+enum class Conv { kNone, kF16, kBF16 };
+
+// Zeroes the output rows of E Acc values no contribution reaches (clear in `seen`), and
+// the tail past the last whole row, with non-temporal stores when `stream`.
+template <typename Acc>
+void ZeroUnreachedRows(ffi::ThreadPool& pool, Acc* acc, int64_t E, int64_t out_n,
+                       const uint64_t* seen, bool stream) {
+  const int64_t out_rows = E > 0 ? out_n / E : 0;
+  ParallelFor(
+      pool, out_rows,
+      std::max<int64_t>(1, kGatherMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
+      [&](int64_t rb, int64_t re) {
+        for (int64_t t = rb; t < re;) {
+          if (seen[t >> 6] >> (t & 63) & 1) {
+            ++t;
+            continue;
+          }
+          int64_t z = t + 1;
+          while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
+            if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
+              z += 64;
+            else
+              ++z;
+          }
+          ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
+          t = z;
+        }
+        if (stream) StreamFence();
+      });
+  if (out_rows * E < out_n)
+    std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
+}
+
+// Adds columns [c0, c1) of ct row u into output row t of `acc` (stores them into a zero
+// when kFirst in t marks the row's first contribution). Counts are in Acc values.
+template <typename Acc, Conv C>
+struct RowAdder {
+  using Stored = std::conditional_t<C == Conv::kNone, Acc, uint16_t>;
+  const Stored* ct;
+  Acc* acc;
+  int64_t E;       // per src row
+  int64_t L;       // per padded ct sub-row
+  int64_t last;    // per src sub-row
+  int64_t row_ct;  // per ct row
+  bool stream;
+
+  static Acc Load(Stored v) {
+    if constexpr (C == Conv::kF16)
+      return F16ToF32(v);
+    else if constexpr (C == Conv::kBF16)
+      return Bf16ToF32(v);
+    else
+      return v;
+  }
+
+  template <bool kFirstAdd>
+  void AddCols(const Stored* __restrict cr, Acc* __restrict arow, int64_t a, int64_t z) const {
+    if constexpr (kFirstAdd) {
+#if defined(__SSE2__)
+      if constexpr (C == Conv::kNone && std::is_same_v<Acc, float>) {
+        if (stream) {
+          // Written without reading the line first; a later add reads it back.
+          for (; a < z && reinterpret_cast<uintptr_t>(arow + a) % 16 != 0; ++a)
+            arow[a] = 0.0f + cr[a];
+          const __m128 zero = _mm_setzero_ps();
+          for (; a + 4 <= z; a += 4)
+            _mm_stream_ps(arow + a, _mm_add_ps(zero, _mm_loadu_ps(cr + a)));
+        }
+      }
+#endif
+      for (int64_t c = a; c < z; ++c) arow[c] = static_cast<Acc>(Acc{0} + Load(cr[c]));
+    } else {
+      for (int64_t c = a; c < z; ++c) arow[c] += Load(cr[c]);
+    }
+  }
+
+  void operator()(int64_t u, int64_t tt, int64_t c0, int64_t c1) const {
+    const bool first = (tt & kFirst) != 0;
+    const int64_t t = tt & ~kFirst;
+    const Stored* crow = ct + u * row_ct;
+    Acc* arow = acc + t * E;
+    auto go = [&](const Stored* cr, int64_t a, int64_t z) {
+      if (first)
+        AddCols<true>(cr, arow, a, z);
+      else
+        AddCols<false>(cr, arow, a, z);
+    };
+    if (L == last) {
+      go(crow, c0, c1);
+    } else {
+      for (int64_t j = c0 / last; j * last < c1; ++j) {
+        const int64_t a = std::max(c0, j * last), z = std::min(c1, (j + 1) * last);
+        go(crow + j * L - j * last, a, z);
+      }
+    }
+  }
+};
+
+// Long rows: each task owns a column range of every output row.
+template <typename Acc, Conv C>
+void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
+                  int64_t total_rows, int64_t threads, bool nt_first) {
+  const int64_t E = add.E;
+  const Acc* acc = add.acc;
+  const int64_t tasks = std::min<int64_t>(threads, E / 64);
+  ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t tk = tb; tk < te; ++tk) {
+      const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
+      const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
+      // Output rows are hit in random order: prefetch the owned part of the rows a
+      // few targets ahead (about 4 KiB in flight) for writing.
+      const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
+      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
+      for (int64_t u = 0; u < total_rows; ++u) {
+        // (A first contribution streamed in needs no read of the line.)
+        if (u + ahead < total_rows && targets[u + ahead] >= 0 &&
+            !(nt_first && (targets[u + ahead] & kFirst))) {
+          const char* p =
+              reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
+          for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
+        }
+        if (targets[u] >= 0) add(u, targets[u], c0, c1);
+      }
+    }
+    if (add.stream) StreamFence();
+  });
+}
+
+// Short rows: each task owns a range of output rows and scans every target.
+template <typename Acc, Conv C>
+void AddByRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
+               int64_t total_rows, int64_t threads, int64_t out_n, int64_t work) {
+  const int64_t E = add.E;
+  const int64_t out_rows = E > 0 ? out_n / E : 0;
+  const int64_t min_rows = work >= 2 * kGatherMinChunkBytes
+                               ? std::max<int64_t>(1, out_rows / threads)
+                               : std::max<int64_t>(1, out_rows);
+  ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
+    for (int64_t u = 0; u < total_rows; ++u) {
+      const int64_t t = targets[u] & ~kFirst;
+      if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
+    }
+    if (add.stream) StreamFence();
+  });
+}
+
+// Adds every ct row into its target output row. Acc is the adding type and `lanes` the
+// Acc values per element (2 for complex).
+template <typename Acc, Conv C>
+ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_data,
+                      void* out_data, int64_t out_elems, int lanes, const int64_t* targets,
+                      const uint64_t* seen, int64_t total_rows) {
+  using Stored = typename RowAdder<Acc, C>::Stored;
+  const int64_t E = g.inner * g.last * lanes;  // Acc values per src row
+  const int64_t L = g.row_len * lanes;         // Acc values per padded ct sub-row
+  const int64_t out_n = out_elems * lanes;     // Acc values in the output
+  // Nothing is zeroed up front: a row's first contribution (kFirst in its target) is
+  // stored as Acc{0} + value, bit for bit what adding it into a zero would give, and only
+  // rows no contribution reaches (clear in `seen`) are zeroed.
+  // The output does not stay in cache: first contributions and zeroed rows are written
+  // with non-temporal stores (no read of the line before it is overwritten).
+  const bool stream = C == Conv::kNone && out_n * int64_t(sizeof(Acc)) >= kStreamBytes;
+#if defined(__SSE2__)
+  const bool nt_first = stream && std::is_same_v<Acc, float>;
+#else
+  const bool nt_first = false;
+#endif
+  std::unique_ptr<Acc[]> scratch;  // 16-bit floats accumulate here, rounded once at the end
+  Acc* acc;
+  if constexpr (C == Conv::kNone) {
+    acc = static_cast<Acc*>(out_data);
+  } else {
+    scratch.reset(new Acc[static_cast<size_t>(out_n)]);
+    acc = scratch.get();
+  }
+  ZeroUnreachedRows(pool, acc, E, out_n, seen, stream);
+  const RowAdder<Acc, C> add{
+      static_cast<const Stored*>(ct_data), acc, E, L, g.last * lanes, g.inner * L, stream};
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t work = total_rows * E * int64_t(sizeof(Acc));
+  if (E >= 128 && work >= 2 * kGatherMinChunkBytes)
+    AddByColumns(pool, add, targets, total_rows, threads, nt_first);
+  else
+    AddByRows(pool, add, targets, total_rows, threads, out_n, work);
+  if constexpr (C != Conv::kNone) {
+    uint16_t* o = static_cast<uint16_t*>(out_data);
+    ParallelFor(pool, out_n, kGatherMinChunkBytes / 4, [&](int64_t b, int64_t e) {
+      for (int64_t x = b; x < e; ++x) o[x] = C == Conv::kF16 ? F32ToF16(acc[x]) : F32ToBf16(acc[x]);
+    });
+  }
+  return ffi::Error::Success();
+}
+
+// The output row (in units of row_src elements) each ct row adds into, -1 when the row is
+// dropped, kFirst set on the first (in ct order) that reaches its row; `seen` marks the
+// output rows some ct row reaches.
+void FindTargets(const RowLayout& g, const OperandStrides& st, const ffi::AnyBuffer& offsets,
+                 const ffi::AnyBuffer& index, const ffi::AnyBuffer& num, bool check_bounds,
+                 int64_t row_src, std::vector<int64_t>& targets, std::vector<uint64_t>& seen) {
+  const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
+  const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
+  int64_t rows[kRowBlock];
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const RowBase rb = BaseOf(g, op_, BatchOffset(g, st.offsets, b), check_bounds);
+    if (!rb.ok) continue;
+    const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, st.num, b)], 0, g.n);
+    const int64_t ix = BatchOffset(g, st.index, b);
+    const int64_t ob = BatchOffset(g, st.data, b) / row_src;  // src_size is a multiple
+    for (int64_t j = 0; j < k; j += kRowBlock) {
+      const int64_t m = std::min(kRowBlock, k - j);
+      ResolveRows(rb, index.untyped_data(), index.element_type(), ix + j, m, check_bounds, rows);
+      for (int64_t q = 0; q < m; ++q) {
+        if (rows[q] < 0) continue;
+        const int64_t t = ob + rb.base + rows[q];
+        uint64_t& w = seen[static_cast<size_t>(t >> 6)];
+        const uint64_t bit = uint64_t{1} << (t & 63);
+        targets[b * g.n + j + q] = (w & bit) ? t : (t | kFirst);
+        w |= bit;
+      }
+    }
+  }
+}
+
+ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                          ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Span<const int64_t> src_shape, int64_t dim, int64_t row_len,
+                          int64_t n, bool check_bounds, ffi::Span<const int64_t> batch_shape,
+                          ffi::Span<const int64_t> out_bstrides,
+                          ffi::Span<const int64_t> offsets_bstrides,
+                          ffi::Span<const int64_t> index_bstrides,
+                          ffi::Span<const int64_t> num_bstrides) {
+  // Check the geometry: the attributes, then every operand against its buffer.
+  const char* op = "scatter_add";
+  RowLayout g;
+  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
+  const ffi::DataType dt = out->element_type();
+  if (ct.element_type() != dt)
+    return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
+                                             index_bstrides, num_bstrides, st));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), st.data));
+  int64_t row_ct, total_rows;
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckPaddedRows(op, "the cotangent", g, ct.element_count(), &row_ct, &total_rows));
+  const int64_t out_elems = static_cast<int64_t>(out->element_count());
+  if (out_elems == 0) return ffi::Error::Success();
+
+  // Where each ct row goes.
+  // With empty src rows nothing is added and no target is read; total_rows is then not
+  // bounded by the cotangent's size (0 elements per row), so nothing is allocated for it.
+  const int64_t row_src = g.inner * g.last;
+  std::vector<int64_t> targets(static_cast<size_t>(row_src > 0 ? total_rows : 0), -1);
+  const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
+  std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
+  if (row_src > 0) FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets, seen);
+  PrefaultFresh(out->untyped_data(), out->size_bytes());
+
+  // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
+  // as unsigned of their width (two's complement wraps alike), complex as float lanes.
+  auto run = [&](auto acc, auto conv, int64_t lanes) {
+    return ScatterRun<decltype(acc), decltype(conv)::value>(
+        pool, g, ct.untyped_data(), out->untyped_data(), out_elems, lanes, targets.data(),
+        seen.data(), static_cast<int64_t>(targets.size()));
+  };
+  using Plain = std::integral_constant<Conv, Conv::kNone>;
+  switch (dt) {
+    case ffi::DataType::F32: return run(float{}, Plain{}, 1);
+    case ffi::DataType::C64: return run(float{}, Plain{}, 2);
+    case ffi::DataType::F64: return run(double{}, Plain{}, 1);
+    case ffi::DataType::C128: return run(double{}, Plain{}, 2);
+    case ffi::DataType::F16: return run(float{}, std::integral_constant<Conv, Conv::kF16>{}, 1);
+    case ffi::DataType::BF16: return run(float{}, std::integral_constant<Conv, Conv::kBF16>{}, 1);
+    case ffi::DataType::S8:
+    case ffi::DataType::U8: return run(uint8_t{}, Plain{}, 1);
+    case ffi::DataType::S16:
+    case ffi::DataType::U16: return run(uint16_t{}, Plain{}, 1);
+    case ffi::DataType::S32:
+    case ffi::DataType::U32: return run(uint32_t{}, Plain{}, 1);
+    case ffi::DataType::S64:
+    case ffi::DataType::U64: return run(uint64_t{}, Plain{}, 1);
+    default:
+      return ffi::Error::InvalidArgument(Msg(op, "unsupported dtype (float, complex or integer)"));
+  }
+}
+
+// v2: the same kernel; shapes, sizes and batch strides come from the buffers
+// (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
+ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                            ffi::AnyBuffer index, ffi::AnyBuffer num,
+                            ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
+                            bool check_bounds) {
+  v2::GatherAttrs g;
+  std::vector<int64_t> st[4];
+  JAX_EXT_RETURN_IF_ERROR(v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(),
+                                                 index.dimensions(), num.dimensions(),
+                                                 out->dimensions(), nbatch, dim, g, st));
+  return ScatterAddImpl(pool, ct, offsets, index, num, out, v2::Of(g.src_shape), dim, g.row_len,
+                        g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
+                        v2::Of(st[2]), v2::Of(st[3]));
+}
+
+// scatter_add(ct, offsets, index, num_indices) -> result (laid out like src); ct holds
+// the padded rows.
+auto ScatterAddOperands() {
+  return WithIndexOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>())  // ct
+      .Ret<ffi::AnyBuffer>();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
+                              WithV1Attrs(ScatterAddOperands(), "out_bstrides"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddV2Handler, ScatterAddV2Impl,
+                              WithV2Attrs(ScatterAddOperands()));
+
+}  // namespace jax_ext
