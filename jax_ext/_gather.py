@@ -447,47 +447,68 @@ def _pad_mask(valid, last, row_len, mid):
 
 # --- lax implementations --------------------------------------------------------------
 
-def _take_sharding(*args, **params):
-    """Under explicit mesh axes jax's gather needs its result's sharding spelled out: the
-    one abstract evaluation gives (the last dim's entry holds for the unpadded rows too)."""
-    sharding = _gather_abstract_eval(*map(jax.typeof, args), **params).sharding
-    mesh = getattr(sharding, "mesh", None)
-    return None if mesh is None or mesh.empty or not _compat.explicit_axes(mesh) else sharding
-
-
 def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
-    """take (clip) of the flattened rows, pad rows selected in, pad columns added with
-    lax.pad: ops XLA fuses with their producers and consumers, as for jnp.take. Exact:
-    XLA's gather moves every dtype as is; select and pad see _lowering.exact_view."""
+    """One lax.gather of whole rows, pad rows selected in, pad columns added: ops XLA fuses
+    with their producers and consumers, as for jnp.take. Batch dims stay batch dims
+    (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
+    without communication; a src broadcast along a batch dim is read without it.
+    Exact: every value moves through _lowering.exact_view."""
     bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
-    sb, sshape = src.shape[:nbatch], src.shape[nbatch:]
+    sshape = src.shape[nbatch:]
     n = index.shape[-1]
     mid = tuple(sshape[dim + 1:-1])
     last = sshape[-1]
-    inner, rows = math.prod(mid), math.prod(sshape[:dim + 1])
+    rows = math.prod(sshape[:dim + 1])
+    ex = _lowering.view_dims(src.dtype)
     valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
     sv, pv = _lowering.exact_view(src), _lowering.exact_view(pad)
-    row_shape = mid + (last,)
+    row_shape = mid + (last,) + ex
     shape = bshape + (n,) + row_shape
-    ones = (1,) * len(row_shape)
-    total_src_rows = math.prod(sb) * rows
-    if _lowering.definitely_zero(total_src_rows * inner * last):
-        g = jnp.zeros(shape, sv.dtype)  # nothing to read: every row is a pad row
+    ones = (1,) * (len(mid) + 1)
+    out_aval = _gather_abstract_eval(*map(jax.typeof, (src, offsets, index, num, pad)),
+                                     dim=dim, row_len=row_len, check_bounds=check_bounds,
+                                     nbatch=nbatch, impl=impl)
+    # Under explicit mesh axes every op states its result's sharding: the result's spec,
+    # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
+    # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
+    # turns -0.0 into +0.0 and quiets signalling NaNs).
+    sharding = _lowering.explicit_sharding(out_aval, ex)
+    o = _compat.spec_entries(out_aval)
+    o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
+    bcast = lambda x, shp, spec=o: lax.broadcast_in_dim(  # noqa: E731
+        x, shp, tuple(range(len(shp))), out_sharding=None if sharding is None else
+        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec)))
+    if _lowering.definitely_zero(math.prod(src.shape) * rows):
+        g = bcast(jnp.zeros((1,) * len(shape), sv.dtype), shape)  # every row is a pad row
     else:
-        flat = sv.reshape((total_src_rows,) + row_shape)
-        ids = _batch_lin(sb, bshape)[..., None] * rows + row
-        g = flat.at[ids].get(mode="clip", out_sharding=_take_sharding(
-            src, offsets, index, num, pad, dim=dim, row_len=row_len, check_bounds=check_bounds,
-            nbatch=nbatch, impl=impl))
-    v = jnp.broadcast_to(valid.reshape(valid.shape + ones), shape)
-    pb = pv.reshape(pad.shape + (1,) + ones)
-    g = lax.select_n(v, jnp.broadcast_to(pb, shape), g)
+        full = [j for j in range(nbatch) if src.shape[j] == bshape[j] and not _is_one(bshape[j])]
+        # src without its broadcast (size-1) batch dims, its rows in one dim.
+        keep = tuple(src.shape[j] for j in full)
+        flat = sv.reshape(keep + (rows,) + row_shape)
+        k = len(full)
+        ids = bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
+                    bshape + (n, 1), o[:nbatch + 1] + (None,))
+        if sharding is not None:
+            flat = jax.sharding.reshard(flat, jax.sharding.PartitionSpec(
+                *[o[j] for j in full], None, *o[nbatch + 1:]))
+        dnums = lax.GatherDimensionNumbers(
+            offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
+            collapsed_slice_dims=(k,), start_index_map=(k,),
+            operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
+        # Rows are clamped into range by _rows: no bounds handling left for XLA.
+        g = lax.gather(flat, ids, dnums, (1,) * (k + 1) + row_shape,
+                       mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+    v = bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
+                            + (1,) * len(ex)), shape)
+    pb = pv.reshape(pad.shape + (1,) + ones + ex)
+    g = lax.select_n(v, bcast(pb, shape), g)
     if row_len != last:
         extra = row_len - last
-        if pad.size == 1:
+        if pad.size == 1 and not ex:
             g = lax.pad(g, pv.reshape(()), [(0, 0, 0)] * (g.ndim - 1) + [(0, extra, 0)])
-        else:  # a batched pad value: one column block per batch element
-            g = jnp.concatenate([g, jnp.broadcast_to(pb, shape[:-1] + (extra,))], axis=-1)
+        else:  # a batched pad value, or bytes: one column block
+            cols = shape[:nbatch + 1 + len(mid)] + (extra,) + ex
+            g = jnp.concatenate([g, bcast(pb, cols)], axis=nbatch + 1 + len(mid))
     return _lowering.from_view(g, src.dtype)
 
 

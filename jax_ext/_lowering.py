@@ -251,20 +251,44 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 
 # --- bit-exact lax glue -------------------------------------------------------------
 # XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
-# them to float32 and back, which rewrites NaN payloads and quiets signalling NaNs. Every
-# other dtype moves bit for bit (both findings pinned by tests/test_lax_exact.py). The lax
-# paths view those few as unsigned integers of the same width: XLA moves integers as they
-# are and still fuses the bitcasts with the ops around them, so the lax path stays exact
-# and fuses like the jnp code it replaces. Gather (take) moves every dtype exactly.
+# them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
+# denormals (XLA_INEXACT; pinned by tests/test_auto.py). A same-width unsigned view is not
+# enough for bfloat16: inside one fused loop XLA:CPU's code generator folds the two
+# bitcasts of a bf16 -> uint16 -> bf16 chain and moves the values as bfloat16 again (seen
+# through a concatenate and a pad: 0x7f91 came out 0x7fd1, 0x0001 as 0). So bfloat16 moves
+# as its bytes, uint8[..., 2], a view no fold can undo; the 8-bit floats as uint8 (the
+# code generator has no 8-bit float type to fold back to). Every other dtype moves as is.
+# tests/test_lax_exact.py pins both paths inside the fusions users write.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
+BYTE_VIEW = frozenset({"bfloat16"})
+
+
+def view_dims(dtype) -> tuple[int, ...]:
+    """The trailing dims exact_view adds for `dtype`: (itemsize,) for a byte view."""
+    dt = np.dtype(dtype)
+    return (dt.itemsize,) if dt.name in BYTE_VIEW else ()
 
 
 def exact_view(x):
-    """`x`, or its bits as a same-width unsigned integer where XLA:CPU would rewrite them."""
+    """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: uint8 with
+    a trailing dim of the itemsize for BYTE_VIEW dtypes, a same-width uint otherwise."""
     dt = np.dtype(x.dtype)
+    if dt.name in BYTE_VIEW:
+        return lax.bitcast_convert_type(x, np.uint8)
     if dt.name not in XLA_INEXACT:
         return x
     return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
+
+
+def explicit_sharding(aval, extra=()):
+    """The NamedSharding of `aval` (plus unsharded `extra` dims) where it lies on a mesh
+    with explicit axes, whose ops want their results' shardings spelled out; else None."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
+        return None
+    from jax.sharding import NamedSharding, PartitionSpec
+    return NamedSharding(mesh, PartitionSpec(*_compat.spec_entries(aval), *[None] * len(extra)))
 
 
 def from_view(v, dtype):

@@ -16,10 +16,11 @@ import math
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from . import _auto as _auto_mod, _compat, _lowering
-from ._gather import (_batch_factors, _batch_lin, _batch_shape, _batch_spec,
-                      _batch_spec_candidates, _bstrides, _lead, _nonunit, _rows, gather_p)
+from ._gather import (_batch_factors, _batch_shape, _batch_spec, _batch_spec_candidates,
+                      _bstrides, _is_one, _lead, _nonunit, _rows, gather_p)
 
 Zero = _compat.Zero
 
@@ -51,23 +52,46 @@ def _acc_dtype(dt):
 
 def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds, nbatch,
                  impl):
+    """One lax.scatter_add of whole rows into zeros, accumulated in _acc_dtype. A batch dim
+    the result keeps stays a batch dim (operand_batching_dims), as vmap of jnp's .at[].add
+    gives, so XLA partitions a sharded batch without communication; one the result sums
+    over (out_bshape 1) is scattered like the index dim. Pad rows point past the end and
+    are dropped."""
     bshape = _batch_shape((ct, offsets, index, num), nbatch)
     n = index.shape[-1]
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
     rows = math.prod(src_shape[:dim + 1])
-    total = math.prod(out_bshape) * rows
     acc = _acc_dtype(ct.dtype)
+    aval = _scatter_abstract_eval(*map(jax.typeof, (ct, offsets, index, num)), dim=dim,
+                                  src_shape=src_shape, out_bshape=out_bshape,
+                                  check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+    sharding = _lowering.explicit_sharding(aval)
+    o = _compat.spec_entries(aval)
+    c = _compat.spec_entries(jax.typeof(ct))
+    P = jax.sharding.PartitionSpec
     valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
-    valid = jnp.broadcast_to(valid, bshape + (n,))
-    ids = _batch_lin(tuple(out_bshape), bshape)[..., None] * rows + row
-    ids = jnp.where(valid, ids, total).reshape(-1)  # out of range: dropped
+    row = jnp.where(valid, row, rows)  # past the end: dropped
+    full = [j for j in range(nbatch) if out_bshape[j] == bshape[j] and not _is_one(bshape[j])]
+    keep = tuple(bshape[j] for j in full)
+    row_shape = mid + (last,)
+    ids = row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None]
+    ids = lax.broadcast_in_dim(ids, bshape + (n, 1), tuple(range(nbatch + 2)),
+                               out_sharding=None if sharding is None else P(*c[:nbatch + 1], None))
     # Rows keep their own shape (no merged middle dim): a reshape XLA cannot make a bitcast
     # would copy the whole cotangent first.
-    row_shape = mid + (last,)
-    upd = ct[..., :last].reshape((-1,) + row_shape).astype(acc)
-    out = jnp.zeros((total,) + row_shape, acc).at[ids].add(upd, mode="drop")
-    return out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
+    upd = ct[..., :last].astype(acc) if ct.shape[-1] != last else ct.astype(acc)
+    k = len(full)
+    zspec = None if sharding is None else P(*[o[j] for j in full], None, *o[nbatch + dim + 1:])
+    zeros = lax.broadcast_in_dim(jnp.zeros((), acc), keep + (rows,) + row_shape, (),
+                                 out_sharding=zspec)
+    dnums = lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
+        inserted_window_dims=(k,), scatter_dims_to_operand_dims=(k,),
+        operand_batching_dims=tuple(range(k)), scatter_indices_batching_dims=tuple(full))
+    out = lax.scatter_add(zeros, ids, upd, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
+    out = out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
+    return out
 
 
 _NATIVE_SCATTER = {np.dtype(t) for t in (
