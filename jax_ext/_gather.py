@@ -694,8 +694,12 @@ def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch,
 
 gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
 gather_p.def_abstract_eval(_gather_abstract_eval)
+# partition_lax: XLA partitions a gather from a src sharded along its rows as mask and
+# all-reduce, which turns -0.0 into +0.0 and quiets signalling NaNs; the kernels' rule
+# (src replicated along dims 0..dim) keeps the bits on the lax path too.
 _lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
-                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
+                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition),
+                   partition_lax=True)
 _compat.ad.primitive_jvps[gather_p] = _gather_jvp
 _compat.ad.primitive_transposes[gather_p] = _gather_transpose
 _compat.register_batcher(gather_p, _gather_batch)

@@ -129,7 +129,7 @@ def _partitioned(ctx, raw, spmd, args, params):
 
 
 def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: bool = False,
-             spmd: Spmd | None = None):
+             spmd: Spmd | None = None, partition_lax: bool = False):
     """Lowerings for `prim` (`op` names it in jax_ext.explain): `lax_impl` (a jax function
     of the operands and params) on every platform; on CPU `native_rule(ctx, *args,
     **params)` where the primitive was bound with impl="native", or with impl="auto" and
@@ -142,7 +142,10 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
 
     `spmd`: how the native call partitions. With it, a lowering for more than one device
     wraps the call in custom_partitioning (see `Spmd`); on one device, inside shard_map,
-    for jax.export, under GSPMD, or without custom_partitioning it is the plain call."""
+    for jax.export, under GSPMD, or without custom_partitioning it is the plain call.
+
+    `partition_lax`: on CPU the lax path partitions by `spmd` too (each shard runs the lax
+    ops), where XLA's own partitioning of them would lose bits."""
     lax_rule = mlir.lower_fun(lax_impl, multiple_results=prim.multiple_results)
     extra = lambda ctx, args: (  # noqa: E731
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
@@ -150,6 +153,9 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
     raw = None  # the primitive custom_partitioning re-binds per shard, where it can
     if spmd is not None and _compat.require_devices_during_lowering(prim):
         raw = _shard_primitive(prim, lax_rule, native_rule, inspects_operands)
+    raw_lax = None
+    if raw is not None and partition_lax:
+        raw_lax = _shard_primitive(prim, lax_rule, lambda *a, **p: None, False, "_shard_lax")
 
     def choose(ctx, args, params):
         requested = params.get("impl")
@@ -172,15 +178,18 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
             if out is None:
                 why = "dtype not handled natively"
         _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
+        if out is None and raw_lax is not None and _compat.spmd_mesh_shape(ctx) is not None:
+            out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
 
 
-def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):
+def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool,
+                     suffix: str = "_shard"):
     """The unpartitioned primitive custom_partitioning wraps and re-binds on local
     shapes: the outer primitive's abstract eval, the native rule (else lax)."""
-    raw = _compat.Primitive(prim.name + "_shard")
+    raw = _compat.Primitive(prim.name + suffix)
     raw.multiple_results = prim.multiple_results
     raw.def_effectful_abstract_eval(
         lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
