@@ -261,28 +261,32 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 # --- bit-exact lax glue -------------------------------------------------------------
 # XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
 # them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
-# denormals (XLA_INEXACT; pinned by tests/test_auto.py). A same-width unsigned view is not
-# enough for bfloat16: inside one fused loop XLA:CPU's code generator folds the two
-# bitcasts of a bf16 -> uint16 -> bf16 chain and moves the values as bfloat16 again (seen
-# through a concatenate and a pad: 0x7f91 came out 0x7fd1, 0x0001 as 0). So bfloat16 moves
-# as its bytes, uint8[..., 2], a view no fold can undo; the 8-bit floats as uint8 (the
-# code generator has no 8-bit float type to fold back to). Every other dtype moves as is.
-# tests/test_lax_exact.py pins both paths inside the fusions users write.
+# denormals (XLA_INEXACT; pinned by tests/test_auto.py). The lax paths view those as
+# unsigned integers. A same-width view is not always enough for bfloat16: where a fused
+# loop merges values from two sources (the branches of a pad or a concatenate), XLA:CPU's
+# code generator folds the bf16 -> uint16 -> bf16 bitcasts and moves the merged values as
+# bfloat16 again (0x7f91 came out 0x7fd1, 0x0001 as 0). So a lax path that pads or
+# concatenates moves bfloat16 as its bytes, uint8[..., 2], which XLA splits and rejoins
+# with shifts, a view no fold can undo (`bytes=True`); a select merges nothing and keeps
+# the cheaper same-width view (a donated operand is then still updated in place). The
+# 8-bit floats move as uint8 (no 8-bit float type to fold back to). Every other dtype
+# moves as is. tests/test_lax_exact.py pins both paths inside the fusions users write.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
 BYTE_VIEW = frozenset({"bfloat16"})
 
 
-def view_dims(dtype) -> tuple[int, ...]:
+def view_dims(dtype, bytes: bool = False) -> tuple[int, ...]:
     """The trailing dims exact_view adds for `dtype`: (itemsize,) for a byte view."""
     dt = np.dtype(dtype)
-    return (dt.itemsize,) if dt.name in BYTE_VIEW else ()
+    return (dt.itemsize,) if bytes and dt.name in BYTE_VIEW else ()
 
 
-def exact_view(x):
-    """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: uint8 with
-    a trailing dim of the itemsize for BYTE_VIEW dtypes, a same-width uint otherwise."""
+def exact_view(x, bytes: bool = False):
+    """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: with
+    `bytes`, uint8 with a trailing dim of the itemsize for BYTE_VIEW dtypes; otherwise
+    (and for the other dtypes) a same-width uint."""
     dt = np.dtype(x.dtype)
-    if dt.name in BYTE_VIEW:
+    if bytes and dt.name in BYTE_VIEW:
         return lax.bitcast_convert_type(x, np.uint8)
     if dt.name not in XLA_INEXACT:
         return x
