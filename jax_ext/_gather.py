@@ -498,8 +498,11 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
             collapsed_slice_dims=(k,), start_index_map=(k,),
             operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
         # Rows are clamped into range by _rows: no bounds handling left for XLA.
-        g = lax.gather(flat, ids, dnums, (1,) * (k + 1) + row_shape,
-                       mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+        take = lambda f, i: lax.gather(  # noqa: E731
+            f, i, dnums, (1,) * (k + 1) + row_shape, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+        if sharding is not None:  # jax's gather cannot infer every result sharding: as jnp.take
+            take = jax.sharding.auto_axes(take, out_sharding=sharding)
+        g = take(flat, ids)
     v = bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
                             + (1,) * len(ex)), shape)
     pb = pv.reshape(pad.shape + (1,) + ones + ex)

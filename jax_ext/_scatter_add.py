@@ -89,7 +89,12 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
         update_window_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
         inserted_window_dims=(k,), scatter_dims_to_operand_dims=(k,),
         operand_batching_dims=tuple(range(k)), scatter_indices_batching_dims=tuple(full))
-    out = lax.scatter_add(zeros, ids, upd, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
+    add = lambda z, i, u: lax.scatter_add(  # noqa: E731
+        z, i, u, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
+    if sharding is not None:  # jax cannot infer every scatter's result sharding
+        add = jax.sharding.auto_axes(add, out_sharding=jax.sharding.NamedSharding(
+            sharding.mesh, zspec))
+    out = add(zeros, ids, upd)
     out = out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
     return out
 
