@@ -426,18 +426,6 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     return valid, row
 
 
-def _batch_lin(ashape, bshape):
-    """Linear index over an operand's batch dims (size 1: broadcast) for every point of
-    the full batch shape: an integer array of bshape."""
-    st = _lowering.dense_strides(ashape)
-    c = _carrier()
-    lin = jnp.zeros(bshape, c)
-    for j, a in enumerate(ashape):
-        if a != 1:
-            lin = lin + lax.broadcasted_iota(c, bshape, j) * st[j]
-    return lin
-
-
 def _pad_mask(valid, last, row_len, mid):
     """True at every padded position of a result: bshape + (n, *mid, row_len)."""
     col = jnp.arange(row_len) >= last
@@ -452,7 +440,11 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
     with their producers and consumers, as for jnp.take. Batch dims stay batch dims
     (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
     without communication; a src broadcast along a batch dim is read without it.
-    Exact: every value moves through _lowering.exact_view."""
+    Exact: every value moves through _lowering.exact_view. A src sharded along its rows
+    (dims 0..dim) is replicated along them first, as for the kernels: on CPU meshes by
+    the kernels' partitioning rule (`partition_lax` below), under explicit axes by the
+    sharding spelled out here; only XLA's own partitioning of auto axes elsewhere (other
+    platforms, the GSPMD partitioner) masks and all-reduces, as for jnp.take."""
     bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
     sshape = src.shape[nbatch:]
     n = index.shape[-1]
