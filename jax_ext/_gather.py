@@ -451,11 +451,10 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
     mid = tuple(sshape[dim + 1:-1])
     last = sshape[-1]
     rows = math.prod(sshape[:dim + 1])
-    # Padding columns merge two sources in one fused loop: bytes there (see exact_view).
-    as_bytes = row_len != last
-    ex = _lowering.view_dims(src.dtype, as_bytes)
+    # The gather feeds a select and a pad in one fused loop: bytes (see exact_view).
+    ex = _lowering.view_dims(src.dtype, bytes=True)
     valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
-    sv, pv = _lowering.exact_view(src, as_bytes), _lowering.exact_view(pad, as_bytes)
+    sv, pv = _lowering.exact_view(src, bytes=True), _lowering.exact_view(pad, bytes=True)
     row_shape = mid + (last,) + ex
     shape = bshape + (n,) + row_shape
     ones = (1,) * (len(mid) + 1)

@@ -262,13 +262,14 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 # XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
 # them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
 # denormals (XLA_INEXACT; pinned by tests/test_auto.py). The lax paths view those as
-# unsigned integers. A same-width view is not always enough for bfloat16: where a fused
-# loop merges values from two sources (the branches of a pad or a concatenate), XLA:CPU's
-# code generator folds the bf16 -> uint16 -> bf16 bitcasts and moves the merged values as
-# bfloat16 again (0x7f91 came out 0x7fd1, 0x0001 as 0). So a lax path that pads or
-# concatenates moves bfloat16 as its bytes, uint8[..., 2], which XLA splits and rejoins
-# with shifts, a view no fold can undo (`bytes=True`); a select merges nothing and keeps
-# the cheaper same-width view (a donated operand is then still updated in place). The
+# unsigned integers. A same-width view is not always enough for bfloat16: in a fused loop
+# that gathers, then selects or pads (the lax gather), XLA:CPU's code generator folds
+# the bf16 -> uint16 -> bf16 bitcasts and moves the values as bfloat16 again (0x7f91
+# came out 0x7fd1, 0x0001 as 0: with padding columns, and with pad rows of a constant
+# pad value). So the lax gather moves bfloat16 as its bytes, uint8[..., 2], which XLA
+# splits and rejoins with shifts, a view no fold can undo (`bytes=True`). The select
+# keeps the same-width view: exact in every neighbourhood tried (slices, transposes,
+# reversals, chains, constants), and a donated operand is still updated in place. The
 # 8-bit floats move as uint8 (no 8-bit float type to fold back to). Every other dtype
 # moves as is. tests/test_lax_exact.py pins both paths inside the fusions users write.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})

@@ -282,7 +282,7 @@ def _expand(a, d, out_shape, sharding=None):
 def _lax_impl(cond, x, y, *, out_shape, dims, impl):
     """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it
     (and updates a donated operand in place); bit-exact through _lowering.exact_view, the
-    same-width one: a select merges no branches the code generator could fold back."""
+    same-width one (see there)."""
     ex = _lowering.view_dims(x.dtype)
     r = len(out_shape)
     shape, vd = tuple(out_shape) + ex, tuple(range(r, r + len(ex)))

@@ -97,6 +97,19 @@ def test_lax_vmap_batched_pad_exact(dt):
         np.testing.assert_array_equal(_bits(got[b]), _bits(want))
 
 
+@pytest.mark.parametrize("shape", [(64, 16), (300, 3)])
+def test_lax_gather_exact_constant_pad_no_columns(shape):
+    """Pad rows of a constant NaN pad_value and no padding column: the gather and the
+    select fused in one loop lost bf16 bits through a same-width view."""
+    src = _hard(ml_dtypes.bfloat16, shape, 11)
+    pad = np.array(0x7f91, np.uint16).view(ml_dtypes.bfloat16)
+    idx = np.random.default_rng(12).integers(-5, shape[0] + 5, 40).astype(np.int32)
+    got = _with("lax", lambda s, i: jax_ext.gather(s, [0], 0, i, pad_value=pad,
+                                                   align_bytes=None), src, idx)
+    np.testing.assert_array_equal(_bits(got), _bits(_ref_gather(src, 0, idx, pad=pad,
+                                                                align_bytes=None)))
+
+
 def test_issue_snippet_bf16_payload():
     src = np.full((2, 8), 0x7fc5, np.uint16).view(ml_dtypes.bfloat16)
     for impl in ("lax", "auto"):
@@ -144,6 +157,11 @@ def test_lax_select_exact_inside_fusions(dt):
         "pad": (lambda c, x, y: jnp.pad(jax_ext.select(c, x, y), ((0, 0), (0, 3))), None),
         "where3_rows": (lambda c, x, y: jax_ext.where3(c[:, 0], x, jnp.broadcast_to(y, x.shape)),
                         np.where(c[:, :1], x, y)),
+        "slices": (lambda c, x, y: jax_ext.where(c[:, ::2], x[::-1, 1::2], y[:, ::2]),
+                   np.where(c[:, ::2], x[::-1, 1::2], y[:, ::2])),
+        "transposed": (lambda c, x, y: jax_ext.where(c.T, x.T, s), np.where(c.T, x.T, s)),
+        "chain": (lambda c, x, y: jax_ext.where(c, jax_ext.where(~c, y, x), s)[::-1],
+                  np.where(c, np.where(~c, y, x), s)[::-1]),
     }
     for name, (f, want) in progs.items():
         got = _with("lax", f, c, x, y)
