@@ -263,11 +263,12 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 # them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
 # denormals (XLA_INEXACT; pinned by tests/test_auto.py). The lax paths view those as
 # unsigned integers. A same-width view is not always enough for bfloat16: in a fused loop
-# that gathers, then selects or pads (the lax gather), XLA:CPU's code generator folds
-# the bf16 -> uint16 -> bf16 bitcasts and moves the values as bfloat16 again (0x7f91
-# came out 0x7fd1, 0x0001 as 0: with padding columns, and with pad rows of a constant
-# pad value). So the lax gather moves bfloat16 as its bytes, uint8[..., 2], which XLA
-# splits and rejoins with shifts, a view no fold can undo (`bytes=True`). The select
+# that gathers, then selects or pads (the lax gather), XLA:CPU's code generator still
+# moves the values through float32 somewhere between the two bitcasts (0x7f91 came out
+# 0x7fd1, 0x0001 as 0: with padding columns, and with pad rows of a constant pad value;
+# an opaque xor before the bitcast back did not help). So the lax gather moves bfloat16
+# as its bytes, uint8[..., 2], which XLA splits and rejoins with shifts (`bytes=True`).
+# The cost: XLA no longer fuses an arithmetic producer of src into the gather. The select
 # keeps the same-width view: exact in every neighbourhood tried (slices, transposes,
 # reversals, chains, constants), and a donated operand is still updated in place. The
 # 8-bit floats move as uint8 (no 8-bit float type to fold back to). Every other dtype
