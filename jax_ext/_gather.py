@@ -1,4 +1,4 @@
-"""gather (Ascend asctile.gather): a gather primitive and its transpose, scatter-add.
+"""gather (Ascend asctile.gather): the gather primitive and its rules.
 
 ``jax_ext_gather(src, offsets, index, num_indices, pad_value)`` with static params
 
@@ -19,9 +19,8 @@ dtype: the kernel reads any width and signedness and adds it to ``offsets[dim]``
 128-bit arithmetic, which is exact for uint64 indices too (a conversion to int64 would
 cost a pass and wrap uint64 values >= 2**63 into range).
 
-``jax_ext_scatter_add(ct, offsets, index, num_indices)`` is the transpose with respect to
-``src``; its extra params ``src_shape`` (one src) and ``out_bshape`` (the result's batch
-dims, 1 where several batch elements accumulate into one result).
+Its transpose with respect to ``src`` is the scatter-add primitive of ``_scatter_add.py``
+(which imports this module; gather's transpose imports it when it runs).
 """
 from __future__ import annotations
 
@@ -40,9 +39,7 @@ from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, 
 
 Zero = _compat.Zero
 
-# The primitives; their rules are registered at the end, one block each.
-gather_p = _compat.Primitive("jax_ext_gather")
-scatter_add_p = _compat.Primitive("jax_ext_scatter_add")
+gather_p = _compat.Primitive("jax_ext_gather")  # its rules are registered at the end
 
 def _is_int_dtype(dt) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
@@ -410,22 +407,6 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
                                 weak_type=bool(src.weak_type))
 
 
-def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
-                           check_bounds, nbatch, impl):
-    bshape = _batch_shape((ct, offsets, index, num), nbatch)
-    if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
-        raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
-    avals = (ct, offsets, index, num)
-    cs = _compat.spec_entries(ct)[nbatch:]
-    bspec = _batch_spec_candidates(avals, bshape)
-    spec = _lowering.merge_specs("jax_ext_scatter_add", [
-        c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
-        []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
-        [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
-    return _compat.typed_result(avals, ct, spec, shape=tuple(out_bshape) + tuple(src_shape),
-                                dtype=ct.dtype, weak_type=bool(ct.weak_type))
-
-
 # --- which rows are real: shared by the lax paths, the JVP and the pad gradient -----
 
 def _rows(offsets, index, num, *, sshape, dim, check_bounds):
@@ -470,18 +451,6 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     return valid, row
 
 
-def _batch_lin(ashape, bshape):
-    """Linear index over an operand's batch dims (size 1: broadcast) for every point of
-    the full batch shape: an integer array of bshape."""
-    st = _lowering.dense_strides(ashape)
-    c = _carrier()
-    lin = jnp.zeros(bshape, c)
-    for j, a in enumerate(ashape):
-        if a != 1:
-            lin = lin + lax.broadcasted_iota(c, bshape, j) * st[j]
-    return lin
-
-
 def _pad_mask(valid, last, row_len, mid):
     """True at every padded position of a result: bshape + (n, *mid, row_len)."""
     col = jnp.arange(row_len) >= last
@@ -491,76 +460,77 @@ def _pad_mask(valid, last, row_len, mid):
 
 # --- lax implementations --------------------------------------------------------------
 
-def _take_sharding(*args, **params):
-    """Under explicit mesh axes jax's gather needs its result's sharding spelled out: the
-    one abstract evaluation gives (the last dim's entry holds for the unpadded rows too)."""
-    sharding = _gather_abstract_eval(*map(jax.typeof, args), **params).sharding
-    mesh = getattr(sharding, "mesh", None)
-    return None if mesh is None or mesh.empty or not _compat.explicit_axes(mesh) else sharding
-
-
 def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
-    """take (clip) of the flattened rows, pad rows selected in, pad columns added with
-    lax.pad: ops XLA fuses with their producers and consumers, as for jnp.take. Exact:
-    XLA's gather moves every dtype as is; select and pad see _lowering.exact_view."""
+    """One lax.gather of whole rows, pad rows selected in, pad columns added: ops XLA fuses
+    with their producers and consumers, as for jnp.take. Batch dims stay batch dims
+    (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
+    without communication; a src broadcast along a batch dim is read without it.
+    Exact: every value moves through _lowering.exact_view. A src sharded along its rows
+    (dims 0..dim) is replicated along them first, as for the kernels: on CPU meshes by
+    the kernels' partitioning rule (`partition_lax` below), under explicit axes by the
+    sharding spelled out here; only XLA's own partitioning of auto axes elsewhere (other
+    platforms, the GSPMD partitioner) masks and all-reduces, as for jnp.take."""
     bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
-    sb, sshape = src.shape[:nbatch], src.shape[nbatch:]
+    sshape = src.shape[nbatch:]
     n = index.shape[-1]
     mid = tuple(sshape[dim + 1:-1])
     last = sshape[-1]
-    inner, rows = math.prod(mid), math.prod(sshape[:dim + 1])
+    rows = math.prod(sshape[:dim + 1])
+    # The gather feeds a select and a pad in one fused loop: bytes (see exact_view).
+    ex = _lowering.view_dims(src.dtype, bytes=True)
     valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
-    sv, pv = _lowering.exact_view(src), _lowering.exact_view(pad)
-    row_shape = mid + (last,)
+    sv, pv = _lowering.exact_view(src, bytes=True), _lowering.exact_view(pad, bytes=True)
+    row_shape = mid + (last,) + ex
     shape = bshape + (n,) + row_shape
-    ones = (1,) * len(row_shape)
-    total_src_rows = math.prod(sb) * rows
-    if _lowering.definitely_zero(total_src_rows * inner * last):
-        g = jnp.zeros(shape, sv.dtype)  # nothing to read: every row is a pad row
+    ones = (1,) * (len(mid) + 1)
+    out_aval = _gather_abstract_eval(*map(jax.typeof, (src, offsets, index, num, pad)),
+                                     dim=dim, row_len=row_len, check_bounds=check_bounds,
+                                     nbatch=nbatch, impl=impl)
+    # Under explicit mesh axes every op states its result's sharding: the result's spec,
+    # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
+    # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
+    # turns -0.0 into +0.0 and quiets signalling NaNs).
+    sharding = _lowering.explicit_sharding(out_aval, ex)
+    o = _compat.spec_entries(out_aval)
+    o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
+    bcast = lambda x, shp, spec=o: lax.broadcast_in_dim(  # noqa: E731
+        x, shp, tuple(range(len(shp))), out_sharding=None if sharding is None else
+        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec)))
+    if _lowering.definitely_zero(math.prod(src.shape) * rows):
+        g = bcast(jnp.zeros((1,) * len(shape), sv.dtype), shape)  # every row is a pad row
     else:
-        flat = sv.reshape((total_src_rows,) + row_shape)
-        ids = _batch_lin(sb, bshape)[..., None] * rows + row
-        g = flat.at[ids].get(mode="clip", out_sharding=_take_sharding(
-            src, offsets, index, num, pad, dim=dim, row_len=row_len, check_bounds=check_bounds,
-            nbatch=nbatch, impl=impl))
-    v = jnp.broadcast_to(valid.reshape(valid.shape + ones), shape)
-    pb = pv.reshape(pad.shape + (1,) + ones)
-    g = lax.select_n(v, jnp.broadcast_to(pb, shape), g)
+        full = [j for j in range(nbatch) if src.shape[j] == bshape[j] and not _is_one(bshape[j])]
+        # src without its broadcast (size-1) batch dims, its rows in one dim.
+        keep = tuple(src.shape[j] for j in full)
+        flat = sv.reshape(keep + (rows,) + row_shape)
+        k = len(full)
+        ids = bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
+                    bshape + (n, 1), o[:nbatch + 1] + (None,))
+        if sharding is not None:
+            flat = jax.sharding.reshard(flat, jax.sharding.PartitionSpec(
+                *[o[j] for j in full], None, *o[nbatch + 1:]))
+        dnums = lax.GatherDimensionNumbers(
+            offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
+            collapsed_slice_dims=(k,), start_index_map=(k,),
+            operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
+        # Rows are clamped into range by _rows: no bounds handling left for XLA.
+        take = lambda f, i: lax.gather(  # noqa: E731
+            f, i, dnums, (1,) * (k + 1) + row_shape, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+        if sharding is not None:  # jax's gather cannot infer every result sharding: as jnp.take
+            take = jax.sharding.auto_axes(take, out_sharding=sharding)
+        g = take(flat, ids)
+    v = bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
+                            + (1,) * len(ex)), shape)
+    pb = pv.reshape(pad.shape + (1,) + ones + ex)
+    g = lax.select_n(v, bcast(pb, shape), g)
     if row_len != last:
         extra = row_len - last
-        if pad.size == 1:
+        if pad.size == 1 and not ex:
             g = lax.pad(g, pv.reshape(()), [(0, 0, 0)] * (g.ndim - 1) + [(0, extra, 0)])
-        else:  # a batched pad value: one column block per batch element
-            g = jnp.concatenate([g, jnp.broadcast_to(pb, shape[:-1] + (extra,))], axis=-1)
+        else:  # a batched pad value, or bytes: one column block
+            cols = shape[:nbatch + 1 + len(mid)] + (extra,) + ex
+            g = jnp.concatenate([g, bcast(pb, cols)], axis=nbatch + 1 + len(mid))
     return _lowering.from_view(g, src.dtype)
-
-
-def _acc_dtype(dt):
-    dt = np.dtype(dt)
-    if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
-        return np.dtype(np.float32)  # float16/bfloat16/float8 accumulate in float32
-    return dt
-
-
-def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds, nbatch,
-                 impl):
-    bshape = _batch_shape((ct, offsets, index, num), nbatch)
-    n = index.shape[-1]
-    mid = tuple(src_shape[dim + 1:-1])
-    last = src_shape[-1]
-    rows = math.prod(src_shape[:dim + 1])
-    total = math.prod(out_bshape) * rows
-    acc = _acc_dtype(ct.dtype)
-    valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
-    valid = jnp.broadcast_to(valid, bshape + (n,))
-    ids = _batch_lin(tuple(out_bshape), bshape)[..., None] * rows + row
-    ids = jnp.where(valid, ids, total).reshape(-1)  # out of range: dropped
-    # Rows keep their own shape (no merged middle dim): a reshape XLA cannot make a bitcast
-    # would copy the whole cotangent first.
-    row_shape = mid + (last,)
-    upd = ct[..., :last].reshape((-1,) + row_shape).astype(acc)
-    out = jnp.zeros((total,) + row_shape, acc).at[ids].add(upd, mode="drop")
-    return out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
 
 
 # --- native lowerings -----------------------------------------------------------------
@@ -593,33 +563,6 @@ def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bo
         dim=dim, row_len=row_len, n=avals[2].shape[-1], check_bounds=check_bounds,
         batch_shape=list(bshape) or [1], src_bstrides=st[0], offsets_bstrides=st[1],
         index_bstrides=st[2], num_bstrides=st[3], pad_bstrides=st[4])
-
-
-_NATIVE_SCATTER = {np.dtype(t) for t in (
-    np.float32, np.float64, np.complex64, np.complex128, np.float16, jnp.bfloat16,
-    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)}
-
-
-def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds,
-                    nbatch, impl):
-    avals = ctx.avals_in
-    if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
-            or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
-        return None
-    if not _lowering.static_shapes(ctx):
-        return _lowering.ffi_call(ctx, "jax_ext_scatter_add_v2", (ct, offsets, index, num),
-                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
-    bshape = _batch_shape(avals, nbatch)
-    size = int(np.prod(src_shape, dtype=np.int64))
-    n = avals[2].shape[-1]
-    return _lowering.ffi_call(
-        ctx, "jax_ext_scatter_add_v1", (ct, offsets, index, num), src_shape=list(src_shape),
-        dim=dim, row_len=avals[0].shape[-1], n=n, check_bounds=check_bounds,
-        batch_shape=list(bshape) or [1],
-        out_bstrides=_bstrides(tuple(out_bshape), bshape, size),
-        offsets_bstrides=_bstrides(avals[1].shape[:nbatch], bshape, dim + 1),
-        index_bstrides=_bstrides(avals[2].shape[:nbatch], bshape, n),
-        num_bstrides=_bstrides(avals[3].shape[:nbatch], bshape, 1))
 
 
 # --- SPMD partitioning ---------------------------------------------------------------
@@ -686,71 +629,16 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     return in_specs, o, local
 
 
-def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch, **_):
-    """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
-    result has as 1) are replicated, so every element sums its contributions in index
-    order as on one device (exact, deterministic) at the cost of gathering ct."""
-    bshape = _batch_shape(avals_in, nbatch)
-    full = [out_bshape[j] == bshape[j] for j in range(nbatch)]
-    b = [f"b{j}" if full[j] else f"a{j}" for j in range(nbatch)]
-    mid = [f"m{i}" for i in range(len(src_shape) - dim - 2)]
-    shared = avals_in[0].shape[-1] == src_shape[-1]
-    fixed = [f"s{i}" for i in range(dim + 1)]
-    f_in = [_batch_factors(0, avals_in[0], bshape, b) + ["n"] + mid + ["l" if shared else "cl"],
-            _batch_factors(1, avals_in[1], bshape, b) + ["q"],
-            _batch_factors(2, avals_in[2], bshape, b) + ["n"],
-            _batch_factors(3, avals_in[3], bshape, b)]
-    f_out = [b[j] if full[j] else f"ob{j}" for j in range(nbatch)] + fixed + mid + \
-        ["l" if shared else "sl"]
-    rep = fixed + ["n", "q"] + [b[j] for j in range(nbatch) if not full[j]]
-    return f_in, f_out, tuple(rep + ([] if shared else ["cl", "sl"]))
-
-
-def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape, out_bshape,
-                            nbatch, **params):
-    bshape = _batch_shape(avals_in, nbatch)
-    ct = avals_in[0]
-    shared = ct.shape[-1] == src_shape[-1]
-    o = _nonunit(o, aval_out.shape)
-    for j in range(nbatch):
-        if out_bshape[j] != bshape[j]:
-            o[j] = None
-    o[nbatch:nbatch + dim + 1] = [None] * (dim + 1)
-    if not shared:
-        o[-1] = None
-    in_specs = [_batch_spec(o, a, bshape) for a in avals_in]
-    in_specs[0] += [None] + o[nbatch + dim + 1:]
-    in_specs[1] += [None]
-    in_specs[2] += [None]
-    loc = [_lowering.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
-    local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
-
-    def local(bind, *args):
-        return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
-                    **params)
-    return in_specs, o, local
-
-
-# implementation "auto" (see _auto.py): the bytes from which the kernels beat XLA's gather
-# (result bytes) and scatter (cotangent bytes), measured on the 2-core x86-64 machine this is
-# tuned on (README "Native or lax: who decides"): the gather from an 8 KiB result on
-# (1.3-3x; 0.85x at 512 B), scatter-add only from 32 MiB of cotangent (1.2x; 0.8-0.96x at
-# 256 KiB-8 MiB).
+# implementation "auto" (see _auto.py): the result bytes from which the kernel beats XLA's
+# gather, measured on the 2-core x86-64 machine this is tuned on (README "Native or lax: who
+# decides"): from an 8 KiB result on (1.3-3x; 0.85x at 512 B).
 AUTO_MIN_BYTES: int | None = 4096
-AUTO_SCATTER_MIN_BYTES: int | None = 32 << 20
 
 
 def _gather_auto(ctx, *args, **params):
     return _auto_mod.operands_and_result(
         gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args,
         AUTO_MIN_BYTES)
-
-
-def _scatter_auto(ctx, *args, **params):
-    # XLA's scatter neither fuses nor is fused away, so where the kernel wins on size it
-    # wins whatever produces the cotangent.
-    ok, what = _auto_mod.enough_work(ctx.avals_in[0], AUTO_SCATTER_MIN_BYTES, "cotangent")
-    return ok, what + ("; XLA's scatter does not fuse either" if ok else "")
 
 
 # --- autodiff ---------------------------------------------------------------------------
@@ -792,6 +680,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
             outs[4] = Zero(pad.aval)
         return outs
     if s_undef:
+        from ._scatter_add import scatter_add_p  # it imports this module
         outs[0] = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
                                      out_bshape=tuple(src_aval.shape[:nbatch]),
                                      check_bounds=check_bounds, nbatch=nbatch, impl=impl)
@@ -802,35 +691,6 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
         t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
         outs[4] = sum_to_shape(t, pad.aval.shape).astype(pad.aval.dtype)
     return outs
-
-
-def _scatter_jvp(primals, tangents, **params):
-    ct, offsets, index, num = primals
-    out = scatter_add_p.bind(ct, offsets, index, num, **params)
-    t = _compat.instantiate_tangent(tangents[0], ct)
-    if type(t) is Zero:
-        return out, Zero(jax.typeof(out).to_tangent_aval())
-    return out, scatter_add_p.bind(t, offsets, index, num, **params)
-
-
-def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bshape,
-                       check_bounds, nbatch, impl):
-    for name, a in (("offsets", offsets), ("index", index), ("num_indices", num)):
-        if _compat.is_undefined_primal(a):
-            raise ValueError(f"jax_ext_scatter_add is not linear in {name}")
-    if not _compat.is_undefined_primal(ct):
-        return [None] * 4
-    if type(cts) is Zero:
-        return [Zero(ct.aval), None, None, None]
-    row_len = ct.aval.shape[-1]
-    pad = jnp.zeros((1,) * nbatch, cts.dtype)
-    g = gather_p.bind(cts, offsets, index, num, pad, dim=dim, row_len=row_len,
-                      check_bounds=check_bounds, nbatch=nbatch, impl=impl)
-    if g.shape != ct.aval.shape:
-        # ct alone carried a batch dim (a vmap over pad_value only, say) that the scatter
-        # summed over: every batch element gets the same rows.
-        g = jnp.broadcast_to(g, ct.aval.shape)
-    return [g, None, None, None]
 
 
 # --- batching ---------------------------------------------------------------------------
@@ -851,33 +711,17 @@ def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch,
     return out, 0
 
 
-def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_bounds, nbatch,
-                   impl):
-    ct, offsets, index, num = [_lead(a, bd) for a, bd in zip(args, bdims)]
-    if bdims[0] is None:
-        # ct always carries the full batch shape (its transpose, gather, returns it).
-        ct = jnp.broadcast_to(ct, (axis_size,) + ct.shape[1:])
-    out = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=src_shape,
-                             out_bshape=(axis_size,) + tuple(out_bshape),
-                             check_bounds=check_bounds, nbatch=nbatch + 1, impl=impl)
-    return out, 0
-
-
-# --- registration: every rule of each primitive -------------------------------------
+# --- registration: every rule of jax_ext_gather -------------------------------------
 
 gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
 gather_p.def_abstract_eval(_gather_abstract_eval)
+# partition_lax: XLA partitions a gather from a src sharded along its rows as mask and
+# all-reduce, which turns -0.0 into +0.0 and quiets signalling NaNs; the kernels' rule
+# (src replicated along dims 0..dim) keeps the bits on the lax path too.
 _lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
-                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition))
+                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition),
+                   partition_lax=True)
 _compat.ad.primitive_jvps[gather_p] = _gather_jvp
 _compat.ad.primitive_transposes[gather_p] = _gather_transpose
 _compat.register_batcher(gather_p, _gather_batch)
 
-scatter_add_p.def_impl(
-    lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
-scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
-_lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, _scatter_auto,
-                   spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
-_compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
-_compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
-_compat.register_batcher(scatter_add_p, _scatter_batch)

@@ -129,7 +129,7 @@ def _partitioned(ctx, raw, spmd, args, params):
 
 
 def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: bool = False,
-             spmd: Spmd | None = None):
+             spmd: Spmd | None = None, partition_lax: bool = False):
     """Lowerings for `prim` (`op` names it in jax_ext.explain): `lax_impl` (a jax function
     of the operands and params) on every platform; on CPU `native_rule(ctx, *args,
     **params)` where the primitive was bound with impl="native", or with impl="auto" and
@@ -142,7 +142,10 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
 
     `spmd`: how the native call partitions. With it, a lowering for more than one device
     wraps the call in custom_partitioning (see `Spmd`); on one device, inside shard_map,
-    for jax.export, under GSPMD, or without custom_partitioning it is the plain call."""
+    for jax.export, under GSPMD, or without custom_partitioning it is the plain call.
+
+    `partition_lax`: on CPU the lax path partitions by `spmd` too (each shard runs the lax
+    ops), where XLA's own partitioning of them would lose bits."""
     lax_rule = mlir.lower_fun(lax_impl, multiple_results=prim.multiple_results)
     extra = lambda ctx, args: (  # noqa: E731
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
@@ -150,6 +153,9 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
     raw = None  # the primitive custom_partitioning re-binds per shard, where it can
     if spmd is not None and _compat.require_devices_during_lowering(prim):
         raw = _shard_primitive(prim, lax_rule, native_rule, inspects_operands)
+    raw_lax = None
+    if raw is not None and partition_lax:
+        raw_lax = _shard_primitive(prim, lax_rule, lambda *a, **p: None, False, "_shard_lax")
 
     def choose(ctx, args, params):
         requested = params.get("impl")
@@ -179,6 +185,8 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
             if out is None:
                 why = "dtype not handled natively"
         _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
+        if out is None and raw_lax is not None and _compat.spmd_mesh_shape(ctx) is not None:
+            out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
@@ -222,10 +230,11 @@ def kernel_limit(op: str, ctx, params) -> str | None:
             f"kernels' limit of {limit}")
 
 
-def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool):
+def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool,
+                     suffix: str = "_shard"):
     """The unpartitioned primitive custom_partitioning wraps and re-binds on local
     shapes: the outer primitive's abstract eval, the native rule (else lax)."""
-    raw = _compat.Primitive(prim.name + "_shard")
+    raw = _compat.Primitive(prim.name + suffix)
     raw.multiple_results = prim.multiple_results
     raw.def_effectful_abstract_eval(
         lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
@@ -296,20 +305,50 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 
 # --- bit-exact lax glue -------------------------------------------------------------
 # XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
-# them to float32 and back, which rewrites NaN payloads and quiets signalling NaNs. Every
-# other dtype moves bit for bit (both findings pinned by tests/test_lax_exact.py). The lax
-# paths view those few as unsigned integers of the same width: XLA moves integers as they
-# are and still fuses the bitcasts with the ops around them, so the lax path stays exact
-# and fuses like the jnp code it replaces. Gather (take) moves every dtype exactly.
+# them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
+# denormals (XLA_INEXACT; pinned by tests/test_auto.py). The lax paths view those as
+# unsigned integers. A same-width view is not always enough for bfloat16: in a fused loop
+# that gathers, then selects or pads (the lax gather), XLA:CPU's code generator still
+# moves the values through float32 somewhere between the two bitcasts (0x7f91 came out
+# 0x7fd1, 0x0001 as 0: with padding columns, and with pad rows of a constant pad value;
+# an opaque xor before the bitcast back did not help). So the lax gather moves bfloat16
+# as its bytes, uint8[..., 2], which XLA splits and rejoins with shifts (`bytes=True`).
+# The cost: XLA no longer fuses an arithmetic producer of src into the gather. The select
+# keeps the same-width view: exact in every neighbourhood tried (slices, transposes,
+# reversals, chains, constants), and a donated operand is still updated in place. The
+# 8-bit floats move as uint8 (no 8-bit float type to fold back to). Every other dtype
+# moves as is. tests/test_lax_exact.py pins both paths inside the fusions users write.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
+BYTE_VIEW = frozenset({"bfloat16"})
 
 
-def exact_view(x):
-    """`x`, or its bits as a same-width unsigned integer where XLA:CPU would rewrite them."""
+def view_dims(dtype, bytes: bool = False) -> tuple[int, ...]:
+    """The trailing dims exact_view adds for `dtype`: (itemsize,) for a byte view."""
+    dt = np.dtype(dtype)
+    return (dt.itemsize,) if bytes and dt.name in BYTE_VIEW else ()
+
+
+def exact_view(x, bytes: bool = False):
+    """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: with
+    `bytes`, uint8 with a trailing dim of the itemsize for BYTE_VIEW dtypes; otherwise
+    (and for the other dtypes) a same-width uint."""
     dt = np.dtype(x.dtype)
+    if bytes and dt.name in BYTE_VIEW:
+        return lax.bitcast_convert_type(x, np.uint8)
     if dt.name not in XLA_INEXACT:
         return x
     return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
+
+
+def explicit_sharding(aval, extra=()):
+    """The NamedSharding of `aval` (plus unsharded `extra` dims) where it lies on a mesh
+    with explicit axes, whose ops want their results' shardings spelled out; else None."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
+        return None
+    from jax.sharding import NamedSharding, PartitionSpec
+    return NamedSharding(mesh, PartitionSpec(*_compat.spec_entries(aval), *[None] * len(extra)))
 
 
 def from_view(v, dtype):

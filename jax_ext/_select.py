@@ -354,23 +354,33 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,)
                               cond_strides=cs, x_strides=xs, y_strides=ys)
 
 
-def _expand(a, d, out_shape):
+def _expand(a, d, out_shape, sharding=None):
     """broadcast_in_dim of `a` (its dims mapped by `d`) onto out_shape, as jnp.where does;
-    broadcast_in_dim wants its dimensions sorted."""
+    broadcast_in_dim wants its dimensions sorted. `sharding`: the result's, under
+    explicit mesh axes (jax wants it spelled out there)."""
     order = sorted(range(len(d)), key=lambda j: d[j])
     if order != list(range(len(d))):
         a = lax.transpose(a, order)
     if a.shape == tuple(out_shape):
         return a
-    return lax.broadcast_in_dim(a, tuple(out_shape), tuple(d[j] for j in order))
+    return lax.broadcast_in_dim(a, tuple(out_shape), tuple(d[j] for j in order),
+                                out_sharding=sharding)
 
 
 def _lax_impl(cond, x, y, *, out_shape, dims, impl):
-    """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it;
-    bit-exact through _lowering.exact_view."""
+    """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it
+    (and updates a donated operand in place); bit-exact through _lowering.exact_view, the
+    same-width one (see there)."""
+    ex = _lowering.view_dims(x.dtype)
+    r = len(out_shape)
+    shape, vd = tuple(out_shape) + ex, tuple(range(r, r + len(ex)))
+    aval = _abstract_eval(*map(jax.typeof, (cond, x, y)), out_shape=out_shape, dims=dims,
+                          impl=impl)
+    sharding = _lowering.explicit_sharding(aval, ex)
     xv, yv = _lowering.exact_view(x), _lowering.exact_view(y)
-    out = lax.select_n(_expand(cond, dims[0], out_shape), _expand(yv, dims[2], out_shape),
-                       _expand(xv, dims[1], out_shape))
+    out = lax.select_n(_expand(cond, dims[0], shape, sharding),
+                       _expand(yv, tuple(dims[2]) + vd, shape, sharding),
+                       _expand(xv, tuple(dims[1]) + vd, shape, sharding))
     return _lowering.from_view(out, x.dtype)
 
 

@@ -175,10 +175,10 @@ def test_auto_as_shipped():
 def thresholds(monkeypatch):
     """Thresholds as a machine where the kernels win from 64 KiB would have them: the rule
     around them (operands in memory, nothing fusing the result) is what is tested."""
-    from jax_ext import _gather, _select
+    from jax_ext import _gather, _scatter_add, _select
     monkeypatch.setattr(_select, "AUTO_MIN_BYTES", 1 << 16)
     monkeypatch.setattr(_gather, "AUTO_MIN_BYTES", 1 << 16)
-    monkeypatch.setattr(_gather, "AUTO_SCATTER_MIN_BYTES", 1 << 14)
+    monkeypatch.setattr(_scatter_add, "AUTO_SCATTER_MIN_BYTES", 1 << 14)
 
 
 def test_auto_takes_native_only_around_materialized_values(thresholds):
