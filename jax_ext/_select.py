@@ -89,7 +89,9 @@ def _values(x, y, names: tuple[str, str], fn: str):
 def _typed(v, name: str, dt, weak: bool, fn: str):
     """One value operand as the promoted dtype `dt` (weakly typed when `weak`)."""
     if is_py_scalar(v):
-        v = scalar_as(v, dt, name, fn)
+        v = scalar_as(v, dt, name, fn)  # strong: made weak below where the pair is
+        if not weak:
+            return v
     elif v.dtype == dt and jax.typeof(v).weak_type == weak:
         return v
     return _compat.convert_element_type(v, dt, weak_type=weak)
