@@ -5,6 +5,7 @@ way (it never enlarges the result). oneDNN: the same rule, and `then` may serve 
 output: under jit with `then` donated, the result reuses its buffer.
 """
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jax_ext
@@ -35,12 +36,17 @@ for cond_shape in [(3, 5), (2, 2, 3, 4, 5)]:  # would enlarge or misalign: refus
     else:
         raise AssertionError(f"cond {cond_shape} must be refused")
 
-# oneDNN in place: `then` (src0) donated, the result takes over its buffer.
+# oneDNN in place: `then` (src0) donated, the result takes over its buffer. The buffer
+# must belong to jax: jnp.array copies src0 into one. jax.device_put(src0) may instead
+# share numpy's memory on CPU (it does when the array is 64-byte aligned), and XLA then
+# copies a donated buffer before writing to it, since numpy still holds that memory.
 c = rng.integers(0, 2, (2, 3, 4, 5)).astype(bool)
 want = np.where(c, src0, src1)
 inplace = jax.jit(jax_ext.select, donate_argnums=1)
-x = jax.device_put(src0)
+x = jnp.array(src0)
 ptr = x.unsafe_buffer_pointer()
 out = inplace(c, x, src1)
 assert (np.asarray(out) == want).all()
+assert out.unsafe_buffer_pointer() == ptr, "the donated then was not reused"
+assert x.is_deleted()  # donated: its buffer is the result's now
 print("in place:", out.unsafe_buffer_pointer() == ptr)

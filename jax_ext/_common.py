@@ -21,16 +21,71 @@ def result_dim(d: Any) -> Any:
     return int(d) if isinstance(d, (int, np.integer)) else d
 
 
-def as_array(v: Any, what: str, fn: str) -> jax.Array:
-    """jnp.asarray(v), or a TypeError "{fn}: {what}, got <type>". Strings are never
-    arrays here (jnp.asarray(b"\\x00") would be an array of True); None and ragged
-    nested lists raise ValueError in jnp, told as this TypeError too."""
+PY_SCALARS = (bool, int, float, complex)
+
+
+def is_py_scalar(v: Any) -> bool:
+    """A weakly typed Python scalar (numpy scalars such as np.float64 are strongly typed,
+    though np.float64 subclasses float)."""
+    return isinstance(v, PY_SCALARS) and not isinstance(v, np.generic)
+
+
+def is_arraylike(v: Any) -> bool:
+    """What jax_ext takes as an operand, as jnp's functions do: jax arrays (tracers
+    included), numpy arrays and scalars, Python scalars, and objects with
+    ``__jax_array__``. Strings, lists, dicts, ShapeDtypeStructs and other objects with a
+    ``dtype`` attribute are not arrays."""
     if isinstance(v, (str, bytes)):
-        raise TypeError(f"{fn}: {what}, got {type(v).__name__}")
+        return False
+    return isinstance(v, (jax.Array, np.ndarray, np.generic) + PY_SCALARS) or hasattr(
+        v, "__jax_array__")
+
+
+def describe(v: Any) -> str:
+    """A non-array as an error message names it: its type, and why it is refused where a
+    user could mistake it for an array."""
+    name = type(v).__name__
+    if isinstance(v, (jax.Array, np.ndarray)):
+        return f"{v.dtype}{fmt_shape(v.shape)}"
+    if isinstance(v, (list, tuple)):
+        return f"{name} (wrap it in np.asarray or jnp.asarray first)"
+    if isinstance(v, jax.ShapeDtypeStruct):
+        return f"ShapeDtypeStruct{fmt_shape(v.shape)} {v.dtype} (a description, not an array)"
+    if hasattr(v, "dtype"):
+        return f"{name} with a dtype attribute but not an array"
+    return name
+
+
+def as_array(v: Any, what: str, fn: str) -> jax.Array:
+    """jnp.asarray(v), or a TypeError "{fn}: {what}, got <type>" for anything that is not
+    an array or a scalar (see is_arraylike). Strings are never arrays here
+    (jnp.asarray(b"\\x00") would be an array of True); an array jnp cannot hold (numpy
+    strings, objects) is told as this TypeError too."""
+    if not is_arraylike(v):
+        raise TypeError(f"{fn}: {what}, got {describe(v)}")
     try:
         return jnp.asarray(v)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{fn}: {what}, got {type(v).__name__}: {e}") from None
+
+
+def scalar_as(v: Any, dtype: Any, what: str, fn: str) -> jax.Array:
+    """A Python scalar as a 0-d array of `dtype` (the dtype jnp's weak-type rules give
+    it), or ValueError when it is an int that does not fit: out of an integer dtype's
+    range (jnp would wrap it, int4 included), or beyond a float dtype's largest value."""
+    dt = np.dtype(dtype)
+    if isinstance(v, int) and not isinstance(v, bool):
+        if jnp.issubdtype(dt, jnp.integer):
+            info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
+            if not int(info.min) <= v <= int(info.max):
+                raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (range "
+                                 f"[{int(info.min)}, {int(info.max)}])")
+        elif jnp.issubdtype(dt, jnp.inexact):
+            big = float(jnp.finfo(dt).max)  # type: ignore[no-untyped-call]
+            if abs(v) > big:
+                raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
+                                 f"finite value {big:g})")
+    return jnp.asarray(v, dtype=dt)
 
 
 def is_extended(v: Any) -> bool:

@@ -47,6 +47,19 @@ def instantiate_tangent(t, primal):
         return t
     import jax.numpy as jnp
     return jnp.asarray(t, dtype=jax.typeof(primal).to_tangent_aval().dtype)
+
+
+def convert_element_type(x, dtype, *, weak_type: bool):
+    """x as `dtype`, weakly typed when `weak_type`, as jnp's promotion converts operands
+    (int32 array beside 0.5 -> weak float32). lax.convert_element_type, the public one,
+    always gives a strong type."""
+    try:
+        from jax._src.lax.lax import _convert_element_type
+    except ImportError:  # a jax without it: the dtype is right, only weakness is lost
+        return jax.lax.convert_element_type(x, dtype)
+    return _convert_element_type(x, dtype, weak_type=weak_type)
+
+
 is_undefined_primal = ad.is_undefined_primal
 apply_primitive = xla.apply_primitive
 

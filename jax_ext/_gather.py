@@ -34,8 +34,8 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from . import _auto as _auto_mod, _compat, _config, _lowering
-from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, result_dim,
-                      sum_to_shape)
+from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
+                      is_extended, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 
 Zero = _compat.Zero
 
@@ -59,8 +59,11 @@ def _int_scalar(v, what: str, fn: str):
     s = _static_int(v)
     if s is not None:
         return s, None
-    if isinstance(v, (bool, np.bool_, float, complex, str, bytes)):
+    if isinstance(v, (bool, np.bool_, float, complex)):
         raise TypeError(f"{fn}: {what} must be an integer, got {type(v).__name__} {v!r}")
+    if not is_arraylike(v):
+        raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
+                        f"{describe(v)}")
     try:
         a = jnp.asarray(v)
     except (TypeError, ValueError) as e:  # ValueError: None
@@ -164,11 +167,17 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
         check_bounds: ``True``: a row whose ``offsets[:dim]`` or ``r`` lie outside
             ``src`` holds ``pad_value``. ``False``: positions are clamped into ``src``
             (memory outside it is never read), so an out-of-range row holds the nearest
-            edge row and its gradient goes there. Read as a static Python bool.
+            edge row and its gradient goes there. A static Python bool (or ``np.bool_``);
+            a traced value raises ``TypeError`` (mark it static in ``jit``).
         num_indices: ``None`` (all ``n`` rows) or an integer scalar, traced allowed:
             rows ``num_indices .. n-1`` hold ``pad_value``. A traced value is clamped to
             ``[0, n]``.
-        pad_value: ``None`` (0) or a scalar, traced allowed, cast to ``src.dtype``.
+        pad_value: ``None`` (0) or a scalar, traced allowed. A Python scalar (or a weakly
+            typed one, as a Python scalar passed to ``jit`` is) takes ``src.dtype`` when it
+            is of ``src``'s kind or a lower one (bool < int < float < complex); one that
+            would promote ``src`` (0.5 for an int32 ``src``) raises ``TypeError`` rather
+            than be cut, and a Python int that does not fit raises ``ValueError``. A typed
+            scalar array is cast to ``src.dtype`` (as ``astype``).
         align_bytes: ``None`` or a positive multiple of ``src``'s itemsize, at most
             ``2**31`` (sub-byte dtypes count as 1 byte). Default 32.
 
@@ -178,9 +187,11 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     Raises:
         TypeError: ``src``, ``index`` or an offset is not an array of integers where one is
             needed (``index`` of a float or bool dtype, ``dim`` not an int, a
-            ``pad_value`` that cannot be cast to ``src.dtype``).
+            ``pad_value`` that would promote ``src.dtype``, a traced ``check_bounds``, an
+            operand that is not an array or a scalar).
         ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
-            rank 1; a static ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
+            rank 1, or (x64 off) a numpy ``index`` holding values that do not fit int32;
+            a static ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
             a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
         NotImplementedError: ``dim`` is the last dimension of ``src`` (as in the seed).
 
@@ -208,12 +219,13 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     index = _index_operand(index, fn)
     num = _num_indices_operand(num_indices, index, fn)
     pad = _pad_operand(pad_value, src, fn)
+    check_bounds = _check_bounds(check_bounds, fn)
     itemsize = np.dtype(src.dtype).itemsize
     align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
                                fn)
     L = _row_len(src.shape[-1], itemsize, align_bytes)
     return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
-                         check_bounds=bool(check_bounds), nbatch=0, impl=_config.current())
+                         check_bounds=check_bounds, nbatch=0, impl=_config.current())
 
 
 # --- gather's arguments, one step each ------------------------------------------------
@@ -236,15 +248,18 @@ def _check_dim(src, dim, fn: str) -> int:
 def _offsets_operand(offsets, dim: int, fn: str):
     """offsets (a sequence of dim + 1 integers, static or traced, or a rank-1 integer
     array) as one vector of the carrier type."""
-    if hasattr(offsets, "shape") and hasattr(offsets, "dtype") and np.ndim(offsets) == 1:
+    if is_arraylike(offsets) and not is_py_scalar(offsets):
+        offsets = as_array(offsets, "offsets must be a sequence of integers or an integer array",
+                           fn)
+    if isinstance(offsets, jax.Array) and offsets.ndim == 1:
         if not _is_int_dtype(offsets.dtype):
             raise TypeError(f"{fn}: offsets must have an integer dtype, got {offsets.dtype} "
                             f"with shape {_fmt(offsets.shape)}")
         offsets = [offsets[k] for k in range(offsets.shape[0])]
-    elif (isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__len__")
-          or getattr(offsets, "ndim", None) == 0):  # a 0-d array: __len__ but no length
-        raise TypeError(f"{fn}: offsets must be a sequence of dim + 1 = {dim + 1} integers, got "
-                        f"{type(offsets).__name__}")
+    elif isinstance(offsets, (jax.Array, str, bytes)) or not isinstance(offsets, Sequence):
+        # an array of another rank, a dict, a ShapeDtypeStruct ...
+        raise TypeError(f"{fn}: offsets must be a sequence of dim + 1 = {dim + 1} integers or a "
+                        f"rank-1 integer array, got {describe(offsets)}")
     offsets = list(offsets)
     if len(offsets) != dim + 1:
         raise ValueError(f"{fn}: offsets must hold dim + 1 = {dim + 1} values for dim={dim}, "
@@ -265,7 +280,20 @@ def _offsets_operand(offsets, dim: int, fn: str):
 
 
 def _index_operand(index, fn: str):
-    """index as a rank-1 integer array, in its own dtype."""
+    """index as a rank-1 integer array, in its own dtype. A numpy index wider than the
+    dtype jax will hold it in (int64 or uint64 with jax_enable_x64 off: 32 bits) must fit
+    it: jnp.asarray would wrap 2**32 + 1 to 1, a real row."""
+    if isinstance(index, np.ndarray) and index.dtype.kind in "iu" and index.size:
+        held = np.dtype(jax.dtypes.canonicalize_dtype(index.dtype))
+        if held.itemsize < index.dtype.itemsize:
+            lo, hi = index.min(), index.max()
+            info = np.iinfo(held)
+            if lo < info.min or hi > info.max:
+                bad = int(lo) if lo < info.min else int(hi)
+                raise ValueError(
+                    f"{fn}: index {_fmt(index.shape)} ({index.dtype}) holds {bad}, which does "
+                    f"not fit in {held.name}, the dtype jax holds it in with jax_enable_x64 off; "
+                    f"enable jax_enable_x64, or pass an index whose values fit in {held.name}")
     index = as_array(index, "index must be an integer array", fn)
     if index.ndim != 1:
         raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
@@ -293,33 +321,52 @@ def _num_indices_operand(num_indices, index, fn: str):
 
 
 def _pad_operand(pad_value, src, fn: str):
-    """pad_value (None: 0) as a scalar of src's dtype; a Python scalar must fit it."""
+    """pad_value (None: 0) as a scalar of src's dtype. A weakly typed pad (a Python
+    scalar, or one passed to jit) follows the selects' rule against src: of src's kind
+    or a lower one it takes src's dtype (a Python int must fit it); one that would promote
+    src (0.5 beside int32) is a TypeError, since the result keeps src's dtype and the
+    value would be cut. A typed pad array is cast to src's dtype (as astype)."""
     if pad_value is None:
         return jnp.zeros((), src.dtype)
-    if isinstance(pad_value, (str, bytes)):
-        raise TypeError(f"{fn}: pad_value must be a scalar, got {type(pad_value).__name__}")
-    try:
-        p = jnp.asarray(pad_value)
-    except OverflowError as e:
-        raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
-                         f"{src.dtype}: {e}") from None
-    except (TypeError, ValueError) as e:  # ValueError: a ragged list
-        raise TypeError(f"{fn}: pad_value must be a scalar, got "
-                        f"{type(pad_value).__name__}: {e}") from None
+    if not is_arraylike(pad_value):
+        raise TypeError(f"{fn}: pad_value must be a scalar or a scalar array, got "
+                        f"{describe(pad_value)}")
+    sdt = np.dtype(src.dtype)
+    if is_py_scalar(pad_value):
+        _pad_kind(pad_value, sdt, f"pad_value={pad_value!r} (a Python "
+                  f"{type(pad_value).__name__})", fn)
+        return scalar_as(pad_value, sdt, "pad_value", fn)
+    p = as_array(pad_value, "pad_value must be a scalar or a scalar array", fn)
     if p.ndim != 0:
         raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
                          f"({p.dtype})")
-    if not (isinstance(pad_value, (int, float, complex, bool))
-            and not isinstance(pad_value, np.generic)):
-        return p.astype(src.dtype)
-    try:
-        return jnp.asarray(pad_value, dtype=src.dtype)
-    except (OverflowError, ValueError) as e:  # ValueError: NaN into an integer
-        raise ValueError(f"{fn}: pad_value={pad_value!r} does not fit in src's dtype "
-                         f"{src.dtype}: {e}") from None
-    except TypeError as e:  # a complex into a real dtype
-        raise TypeError(f"{fn}: pad_value={pad_value!r} cannot be cast to src's dtype "
-                        f"{src.dtype}: {e}") from None
+    if jax.typeof(p).weak_type:
+        _pad_kind(p, sdt, f"pad_value (a weakly typed {p.dtype} scalar, as jit makes of a "
+                  "Python scalar)", fn)
+    return p.astype(sdt)
+
+
+def _pad_kind(pad, sdt, what: str, fn: str) -> None:
+    to = jax.dtypes.result_type(sdt, pad)
+    if to != sdt:
+        raise TypeError(f"{fn}: {what} would promote src's dtype {sdt.name} to {to.name}, as "
+                        "jnp.result_type does, and the result keeps src's dtype; pass a pad of "
+                        "src's kind, or cast src")
+
+
+def _check_bounds(check_bounds, fn: str) -> bool:
+    """check_bounds as a bool: it picks the kernel's mode while tracing, so it must be
+    static, a Python bool (numpy's bool is taken too)."""
+    if isinstance(check_bounds, (bool, np.bool_)):
+        return bool(check_bounds)
+    if isinstance(check_bounds, jax.Array):
+        what = "a traced value" if isinstance(check_bounds, jax.core.Tracer) else "a jax array"
+        raise TypeError(f"{fn}: check_bounds must be a static Python bool, got {what} "
+                        f"{describe(check_bounds)}; it picks the mode while tracing, so it "
+                        "cannot come from an array (pass a Python bool, e.g. through "
+                        "jax.jit's static_argnames)")
+    raise TypeError(f"{fn}: check_bounds must be a static Python bool, got "
+                    f"{describe(check_bounds)} {check_bounds!r}")
 
 
 def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_value,

@@ -21,21 +21,18 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from . import _auto as _auto_mod, _compat, _config, _lowering
-from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, is_key,
-                      result_dim, sum_to_shape)
+from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
+                      is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 
 select_p = _compat.Primitive("jax_ext_select")  # its rules are registered at the end
 
-_SCALAR_TYPES = (bool, int, float, complex)
-
-
 # --- front-end helpers --------------------------------------------------------------
 
 def _as_array(v, arg: str, fn: str):
-    if isinstance(v, _SCALAR_TYPES) and not isinstance(v, np.generic):
+    if is_py_scalar(v):
         return v  # a weakly typed Python scalar: typed later against the other operand
     return as_array(v, f"{arg} must be an array or a scalar", fn)
 
@@ -66,48 +63,38 @@ def _key_values(x, y, names, fn):
 
 
 def _values(x, y, names: tuple[str, str], fn: str):
-    """Both value operands with one dtype. A weakly typed scalar (Python scalar or
-    weakly typed array) takes the other operand's dtype; two strong dtypes must agree.
-    A Python scalar that does not fit that dtype (2**70 for int8, NaN for int32, a
-    complex for float32) raises ValueError (TypeError for a complex), naming it."""
+    """Both value operands with one dtype, by jnp.where's rules for weak types: a
+    weakly typed operand (a Python scalar, or a weakly typed array such as a Python
+    scalar passed to jit) takes the other's dtype when it is of the same or a lower kind
+    (bool < int < float < complex), else the pair promotes as jax.dtypes.result_type
+    says, weakness included. Two strong dtypes must agree (TypeError). A Python int that
+    does not fit the dtype it gets raises ValueError; a weakly typed array, like jnp,
+    converts (an int wraps)."""
+    for n, v in zip(names, (x, y)):
+        if not is_arraylike(v):
+            raise TypeError(f"{fn}: {n} must be an array or a scalar, got {describe(v)}")
     if is_extended(x) or is_extended(y):
         return _key_values(x, y, names, fn)
     x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
-    try:
-        return _values_typed(x, y, names, fn)
-    except (OverflowError, ValueError, TypeError) as e:
-        if str(e).startswith(f"{fn}:"):
-            raise
-        cls = TypeError if isinstance(e, TypeError) else ValueError
-        desc = ", ".join(f"{n}: {v!r}" if not hasattr(v, "dtype") else f"{n}: {v.dtype}"
-                         f"{_fmt(v.shape)}" for n, v in zip(names, (x, y)))
-        raise cls(f"{fn}: a Python scalar does not fit the other operand's dtype ({desc}): "
-                  f"{e}") from None
+    strong = [not is_py_scalar(v) and not jax.typeof(v).weak_type for v in (x, y)]
+    if all(strong) and x.dtype != y.dtype:
+        raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
+                        f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
+                        f"{_fmt(y.shape)} (jax_ext never promotes two typed arrays; cast one "
+                        "explicitly)")
+    dt, weak = jax.dtypes.result_type(x, y, return_weak_type_flag=True)
+    return tuple(_typed(v, n, dt, weak, fn) for n, v in zip(names, (x, y)))
 
 
-def _values_typed(x, y, names, fn):
-    x_py, y_py = not hasattr(x, "dtype"), not hasattr(y, "dtype")
-    if x_py and y_py:  # promote like jnp, in Python, so the result stays weakly typed
-        kind = np.dtype(jnp.result_type(x, y)).kind
-        pytype = {"b": bool, "i": int, "u": int, "f": float, "c": complex}[kind]
-        return jnp.asarray(pytype(x)), jnp.asarray(pytype(y))
-    if x_py:
-        return jnp.asarray(x, dtype=y.dtype), y
-    if y_py:
-        return x, jnp.asarray(y, dtype=x.dtype)
-    if x.dtype == y.dtype:
-        return x, y
-    x_weak, y_weak = jax.typeof(x).weak_type, jax.typeof(y).weak_type
-    if x_weak and not y_weak:
-        return x.astype(y.dtype), y
-    if y_weak and not x_weak:
-        return x, y.astype(x.dtype)
-    if x_weak and y_weak:
-        dt = jnp.result_type(x, y)
-        return x.astype(dt), y.astype(dt)
-    raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
-                    f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
-                    f"{_fmt(y.shape)} (jax_ext never promotes; cast one explicitly)")
+def _typed(v, name: str, dt, weak: bool, fn: str):
+    """One value operand as the promoted dtype `dt` (weakly typed when `weak`)."""
+    if is_py_scalar(v):
+        v = scalar_as(v, dt, name, fn)  # strong: made weak below where the pair is
+        if not weak:
+            return v
+    elif v.dtype == dt and jax.typeof(v).weak_type == weak:
+        return v
+    return _compat.convert_element_type(v, dt, weak_type=weak)
 
 
 def _broadcast_shapes(shapes, names, fn: str):
@@ -189,6 +176,9 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
         [[-1, 10], [1, 8], [3, 6]]
     """
     fn = "select"
+    if not isinstance(auto_broadcast, str):  # an array here would make `in` ambiguous
+        raise TypeError(f"{fn}: auto_broadcast must be the string 'numpy' or 'none', got "
+                        f"{type(auto_broadcast).__name__} {auto_broadcast!r}")
     if auto_broadcast not in ("numpy", "none"):
         raise ValueError(f"{fn}: auto_broadcast must be 'numpy' or 'none', got {auto_broadcast!r}")
     cond = _condition(cond, "cond", fn)
