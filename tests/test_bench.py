@@ -2,6 +2,7 @@
 results carry what is needed to judge them (implementation, machine, spread)."""
 import contextlib
 import json
+import re
 
 import jax
 
@@ -97,3 +98,40 @@ def test_a_float64_case_is_timed_as_float64(tmp_path):
     assert row["dtype"] == "float64" and row["agrees"]
     # 2^20 elements: condition bytes + 8 bytes for each of x, y and the result
     assert row["bytes"] == (1 << 20) * (1 + 3 * 8)
+
+
+def test_help_names_the_command(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: jax-ext-bench ") and "python -m" not in out.split("\n")[0]
+
+
+def test_report_is_markdown_with_machine_header_and_outputs_are_named_last(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "docs" / "benchmark.md"
+    rc = bench.main(["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
+                     "--pattern", "reused", "--report", str(report)])
+    assert rc == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-2:]
+    assert last[0].startswith("wrote bench.json (in the current directory)"), last
+    assert (tmp_path / "bench.json").exists()
+    text = report.read_text()
+    assert "| case |" in text and "select 8 elements f32" in text
+    for want in ("cores", "jaxlib", "glibc allocator", "reused"):
+        assert want in text, want
+    # no machine paths, no dates: the docs include this page as it is
+    assert str(tmp_path) not in text and not re.search(r"\d{4}-\d\d-\d\d|UTC", text)
+
+
+def test_programs_time_forced_native_and_lax_too(tmp_path):
+    out = tmp_path / "b.json"
+    impl = "auto" if jax_ext.native_available() else "lax"
+    rc = bench.main(["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
+                     "--rounds", "3", "--pattern", "reused", "--json", str(out),
+                     "--plot", str(tmp_path / "b.png")])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0

@@ -2,7 +2,7 @@
 jax_ext call (ours) vs jnp.where / jnp.take (theirs), so the ratio shows what a user's
 program feels -- the op among the ops around it -- not a standalone call.
 
-Each case is a dict like the standalone ones (bench.py); ``exact`` is False because XLA
+Each case is a dict like the standalone ones (select.py); ``exact`` is False because XLA
 may round the ops around the select/gather differently once their fusions differ, so the
 two programs are compared with a tolerance there.
 """
@@ -21,7 +21,7 @@ def _case(name, ours, theirs, make_args, *, nbytes=0, elements=0, dtype="float32
         args = make_args(np.random.default_rng(0))
         return jax.jit(ours), jax.jit(theirs), tuple(jnp.asarray(a) for a in args)
     return dict(name=name, op="program", dtype=dtype, elements=elements, bytes=nbytes,
-                make=make, chain=False, exact=False)
+                make=make, chain=False, exact=False, impls=True)
 
 
 def _vec(n, dtype=np.float32):
