@@ -135,3 +135,27 @@ def test_programs_time_forced_native_and_lax_too(tmp_path):
     assert rc == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0
+
+
+def test_quick_calibration_writes_a_complete_table(tmp_path, capsys):
+    """The CI form of `jax-ext-bench --calibrate`: every constant of the shipped table is
+    fitted and written with what it was fitted on (numbers not asserted)."""
+    import importlib.util
+
+    import pytest
+    from jax_ext import _cost_table
+    if not jax_ext.native_available():
+        pytest.skip("the calibration times the kernels")
+    out = tmp_path / "table.py"
+    assert bench.main(["--calibrate", "--quick", "--table", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    spec = importlib.util.spec_from_file_location("fitted_table", out)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert set(mod.TABLE) == set(_cost_table.TABLE) == set(mod.FITTED_ON)
+    assert all(isinstance(v, float) and v >= 0 for v in mod.TABLE.values())
+    assert mod.POOL_MIN_BYTES == _cost_table.POOL_MIN_BYTES and str(tmp_path) not in out.read_text()
+    # without --table it prints the table and the path it would replace
+    assert bench.main(["--calibrate", "--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "TABLE: dict[str, float] = {" in text and "--table " in text.splitlines()[-1]

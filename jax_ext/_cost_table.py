@@ -1,0 +1,144 @@
+"""The constants of implementation "auto"'s cost model (_auto.py), in one place.
+
+Written by ``jax-ext-bench --calibrate --table jax_ext/_cost_table.py`` (it times the
+kernels and XLA's loops on a grid of standalone calls and fits these by least squares);
+re-fit on another machine with that one command. Times in seconds; a cost is
+``s0 + s_per_row * rows + s_per_byte * bytes (+ ...)`` per call site, see _auto.py.
+FITTED_ON says, per constant, which timed cases it was fitted on.
+"""
+from __future__ import annotations
+
+MACHINE = 'Intel(R) Xeon(R) Processor x2, jax 0.10.2, load average 7.7 when fitted'
+
+# Structural, not fitted: XLA:CPU splits a loop over its thread pool from about this
+# many result bytes (below, one thread: the "single" regime), and glibc maps a block of
+# at least its dynamic mmap threshold's ceiling (32 MiB on 64-bit) fresh on every call.
+POOL_MIN_BYTES = 4096
+MMAP_THRESHOLD_BYTES = 32 << 20
+
+TABLE: dict[str, float] = {
+    # lax select f32, results under 4096 B
+    'select.lax.s0_single': 4.540e-06,
+    # lax select f32, 2^6-2^22 elements
+    'select.lax.s0': 8.641e-06,
+    # lax select f32, 2^6-2^22 elements: bytes read + written
+    'select.lax.s_per_byte': 4.663e-11,
+    # native select f32, results under 4096 B
+    'select.native.s0_single': 4.785e-06,
+    # native select f32, 2^6-2^22 elements
+    'select.native.s0': 2.299e-06,
+    # native select f32, 2^6-2^22 elements: bytes read + written
+    'select.native.s_per_byte': 4.405e-11,
+    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.lax.s0': 4.111e-06,
+    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.lax.s_per_row': 9.259e-09,
+    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.lax.s_per_byte': 8.650e-11,
+    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.native.s0': 4.358e-06,
+    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.native.s_per_row': 0.000e+00,
+    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'gather.native.s_per_byte': 5.213e-11,
+    # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.lax.s0': 5.951e-06,
+    # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.lax.s_per_row': 1.631e-08,
+    # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.lax.s_per_ct_byte': 5.955e-11,
+    # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.lax.s_per_out_byte': 6.180e-11,
+    # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.native.s0': 1.418e-05,
+    # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.native.s_per_row': 3.505e-08,
+    # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.native.s_per_ct_byte': 0.000e+00,
+    # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
+    # cotangents
+    'scatter_add.native.s_per_out_byte': 6.247e-11,
+    # lax select of a 36 MiB result (a fresh mapping per call), over the linear fit, per result
+    # byte
+    'fresh.lax.s_per_byte': 1.412e-09,
+    # native select of a 36 MiB result (a fresh mapping per call), over the linear fit, per result
+    # byte
+    'fresh.native.s_per_byte': 1.319e-09,
+    # x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept
+    'materialize.s0': 4.708e-06,
+    # x * 2 f32, same sizes: per byte read or written
+    'materialize.s_per_byte': 5.491e-11,
+    # where(m, h, 0).sum(1) minus h.sum(1), lax, h 64x512x256 f32, per operand byte
+    'fused_reduce.s_per_byte': 8.041e-10,
+}
+
+# The same, for code and tests.
+FITTED_ON: dict[str, str] = {
+    'select.lax.s0_single':
+        'lax select f32, results under 4096 B',
+    'select.lax.s0':
+        'lax select f32, 2^6-2^22 elements',
+    'select.lax.s_per_byte':
+        'lax select f32, 2^6-2^22 elements: bytes read + written',
+    'select.native.s0_single':
+        'native select f32, results under 4096 B',
+    'select.native.s0':
+        'native select f32, 2^6-2^22 elements',
+    'select.native.s_per_byte':
+        'native select f32, 2^6-2^22 elements: bytes read + written',
+    'gather.lax.s0':
+        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'gather.lax.s_per_row':
+        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'gather.lax.s_per_byte':
+        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'gather.native.s0':
+        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'gather.native.s_per_row':
+        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'gather.native.s_per_byte':
+        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+    'scatter_add.lax.s0':
+        'lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with'
+        ' small cotangents',
+    'scatter_add.lax.s_per_row':
+        'lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with'
+        ' small cotangents',
+    'scatter_add.lax.s_per_ct_byte':
+        'lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with'
+        ' small cotangents',
+    'scatter_add.lax.s_per_out_byte':
+        'lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with'
+        ' small cotangents',
+    'scatter_add.native.s0':
+        'native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables '
+        'with small cotangents',
+    'scatter_add.native.s_per_row':
+        'native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables '
+        'with small cotangents',
+    'scatter_add.native.s_per_ct_byte':
+        'native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables '
+        'with small cotangents',
+    'scatter_add.native.s_per_out_byte':
+        'native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables '
+        'with small cotangents',
+    'fresh.lax.s_per_byte':
+        'lax select of a 36 MiB result (a fresh mapping per call), over the linear fit, '
+        'per result byte',
+    'fresh.native.s_per_byte':
+        'native select of a 36 MiB result (a fresh mapping per call), over the linear '
+        'fit, per result byte',
+    'materialize.s0':
+        'x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept',
+    'materialize.s_per_byte':
+        'x * 2 f32, same sizes: per byte read or written',
+    'fused_reduce.s_per_byte':
+        'where(m, h, 0).sum(1) minus h.sum(1), lax, h 64x512x256 f32, per operand byte',
+}

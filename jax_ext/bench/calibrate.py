@@ -1,0 +1,246 @@
+"""``jax-ext-bench --calibrate [--quick] [--table PATH]``: fits the constants of
+implementation "auto"'s cost model (jax_ext/_cost_table.py) on this machine.
+
+Each point of a grid of standalone calls (arguments in, result out) is timed under forced
+"native" and forced "lax", alternating call by call, median of the rounds; each op's
+terms are then fitted by least squares (no negative constant: a term that comes out
+negative is dropped and the rest refitted). The table is written as a Python module to
+``--table PATH`` (``--table jax_ext/_cost_table.py`` in a clone replaces the shipped
+one); without ``--table`` it is printed, with the path of the table it would replace.
+``--quick`` times a smaller grid (for CI: under two minutes) and still fits every
+constant. Timings on a loaded machine give a table of that machine's state.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_ext
+from .. import _cost_table
+from .report import machine_info
+
+_F32 = 4
+
+
+def _timer(fns, args, reps, iters):
+    """Median seconds per call of each jitted fn (name -> (fn, impl)), alternating."""
+    jax.block_until_ready(args)
+    calls = []
+    for fn, impl in fns.values():
+        with jax_ext.implementation(impl):
+            jax.block_until_ready(fn(*args))  # compile under this implementation
+
+        def call(fn=fn, impl=impl):
+            with jax_ext.implementation(impl):
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    out = fn(*args)
+                jax.block_until_ready(out)
+                return (time.perf_counter() - t0) / iters
+        calls.append(call)
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(reps):
+        order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+        for k in order:
+            times[k].append(calls[k]())
+    return {name: statistics.median(t) for name, t in zip(fns, times)}
+
+
+def _both(fn):
+    f = jax.jit(fn)
+    return {"native": (f, "native"), "lax": (f, "lax")}
+
+
+def _reps(nbytes, quick):
+    iters = max(1, min(200, int(2e6 / max(nbytes, 1))))
+    return (5 if quick else 11), iters
+
+
+def _fit(rows, names):
+    """Least squares t = X @ c with c >= 0 (negative terms dropped, the rest refitted)."""
+    X = np.array([r[0] for r in rows], np.float64)
+    t = np.array([r[1] for r in rows], np.float64)
+    keep = list(range(X.shape[1]))
+    while True:
+        # relative errors: small calls weigh as much as big ones
+        w = 1.0 / t
+        c, *_ = np.linalg.lstsq(X[:, keep] * w[:, None], t * w, rcond=None)
+        if (c >= 0).all() or len(keep) == 1:
+            out = dict.fromkeys(names, 0.0)
+            for k, v in zip(keep, c):
+                out[names[k]] = max(0.0, float(v))
+            return out
+        keep.pop(int(np.argmin(c)))
+
+
+def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]:
+    rng = np.random.default_rng(0)
+    table: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    pool = _cost_table.POOL_MIN_BYTES
+
+    # select f32: one thread below POOL_MIN_BYTES of result, the pool above
+    ks = [6, 8, 12, 16, 20] if quick else [6, 7, 8, 9, 12, 14, 16, 18, 20, 22]
+    pts: dict[str, list] = {"native": [], "lax": []}
+    for k in ks:
+        n = 1 << k
+        c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
+        x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+        nbytes = n * (1 + 3 * _F32)
+        t = _timer(_both(jax_ext.where), (c, x, y), *_reps(nbytes, quick))
+        log(f"  select 2^{k}: native {t['native'] * 1e6:.1f} us, lax {t['lax'] * 1e6:.1f} us")
+        for impl in pts:
+            pts[impl].append((n * _F32, nbytes, t[impl]))
+    for impl, p in pts.items():
+        small = [(b, s) for o, b, s in p if o < pool]
+        big = [([1.0, b], s) for o, b, s in p if o >= pool]
+        fit = _fit(big, ["s0", "s_per_byte"])
+        table[f"select.{impl}.s0"] = fit["s0"]
+        table[f"select.{impl}.s_per_byte"] = fit["s_per_byte"]
+        table[f"select.{impl}.s0_single"] = max(0.0, statistics.median(
+            s - fit["s_per_byte"] * b for b, s in small))
+        notes[f"select.{impl}.s0_single"] = f"{impl} select f32, results under {pool} B"
+        sizes = f"{pool} B - {(4 << ks[-1]) >> 10} KiB of result (thread pool)"
+        notes[f"select.{impl}.s0"] = f"{impl} select f32 on arguments, {sizes}"
+        notes[f"select.{impl}.s_per_byte"] = (f"{impl} select f32 on arguments, {sizes}: "
+                                              "per byte read + written")
+
+    # fresh mapping: a result above glibc's mmap threshold, over the linear prediction
+    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
+    c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
+    x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    t = _timer(_both(jax_ext.where), (c, x, y), 3 if quick else 7, 2)
+    del c, x, y
+    for impl in ("native", "lax"):
+        pred = table[f"select.{impl}.s0"] + table[f"select.{impl}.s_per_byte"] * n * 13
+        table[f"fresh.{impl}.s_per_byte"] = max(0.0, (t[impl] - pred) / (n * _F32))
+        notes[f"fresh.{impl}.s_per_byte"] = (
+            f"{impl} select of a {n * _F32 >> 20} MiB result (a fresh mapping per call), "
+            "over the linear fit, per result byte")
+    log(f"  select {n * _F32 >> 20} MiB (fresh): native {t['native'] * 1e3:.2f} ms, "
+        f"lax {t['lax'] * 1e3:.2f} ms")
+
+    # row gather on arguments: rows x row length
+    shapes = ([(16384, 8, 4096), (65536, 64, 16384), (16384, 128, 2048), (4096, 16, 256)]
+              if quick else
+              [(16384, 8, 4096), (65536, 64, 16384), (65536, 64, 65536), (16384, 128, 2048),
+               (262144, 128, 65536), (4096, 16, 256), (1048576, 16, 262144)])
+    # the gradient also on big tables fed by small cotangents (an embedding table's
+    # gradient: the zero-filled result dominates), so result and cotangent bytes separate
+    tables = [(262144, 32, 8192)] if quick else [(262144, 32, 8192), (1048576, 16, 16384),
+                                                 (131072, 64, 4096)]
+    gp: dict[str, list] = {"native": [], "lax": []}
+    sp: dict[str, list] = {"native": [], "lax": []}
+    for rows, cols, k in shapes + tables:
+        src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
+        idx = jnp.asarray(rng.integers(0, rows, k).astype(np.int32))
+        out = k * cols * _F32
+        t = None
+        if (rows, cols, k) in shapes:
+            t = _timer(_both(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)),
+                       (src, idx), *_reps(2 * out, quick))
+            log(f"  gather {rows}x{cols} n={k}: native {t['native'] * 1e6:.1f} us, lax "
+                f"{t['lax'] * 1e6:.1f} us")
+        ct = jnp.asarray(rng.standard_normal((k, cols)).astype(np.float32))
+        g = jax.grad(lambda s, i, c: jnp.sum(jax_ext.gather(s, [0], 0, i, align_bytes=None) * c))
+        ts = _timer(_both(g), (src, idx, ct), *_reps(rows * cols * _F32 + out, quick))
+        log(f"  gather gradient {rows}x{cols} n={k}: native {ts['native'] * 1e6:.1f} us, "
+            f"lax {ts['lax'] * 1e6:.1f} us")
+        for impl in gp:
+            if t is not None:
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl]))
+            sp[impl].append(([1.0, k, out, rows * cols * _F32], ts[impl]))
+    for impl in gp:
+        fit = _fit(gp[impl], ["s0", "s_per_row", "s_per_byte"])
+        for key, v in fit.items():
+            table[f"gather.{impl}.{key}"] = v
+            notes[f"gather.{impl}.{key}"] = (f"{impl} row gather f32 on arguments, "
+                                             f"{len(shapes)} shapes (rows x row bytes)")
+        fit = _fit(sp[impl], ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"])
+        for key, v in fit.items():
+            table[f"scatter_add.{impl}.{key}"] = v
+            notes[f"scatter_add.{impl}.{key}"] = (
+                f"{impl}: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and "
+                f"{len(tables)} big tables with small cotangents")
+
+    # materializing: one fused XLA loop writing a result (x * 2), and a select fused into a
+    # reduction against the reduction of a materialized operand
+    mp = []
+    for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
+        x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
+        t = _timer({"lax": (jax.jit(lambda x: x * 2), "lax")}, (x,), *_reps(8 << k, quick))
+        mp.append(([1.0, 2 * (4 << k)], t["lax"]))
+    fit = _fit(mp, ["s0", "s_per_byte"])
+    table["materialize.s0"], table["materialize.s_per_byte"] = fit["s0"], fit["s_per_byte"]
+    notes["materialize.s0"] = "x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept"
+    notes["materialize.s_per_byte"] = "x * 2 f32, same sizes: per byte read or written"
+    b, s, d = (16, 256, 128) if quick else (64, 512, 256)
+    h = jnp.asarray(rng.standard_normal((b, s, d)).astype(np.float32))
+    m = jnp.asarray(rng.integers(0, 2, (b, s, 1)).astype(bool))
+    t = _timer({"fused": (jax.jit(lambda m, h: jax_ext.where(m, h, 0.0).sum(1)), "lax"),
+                "plain": (jax.jit(lambda m, h: h.sum(1)), "lax")}, (m, h),
+               *_reps(h.nbytes, quick))
+    table["fused_reduce.s_per_byte"] = max(0.0, (t["fused"] - t["plain"]) / (h.nbytes + m.nbytes))
+    notes["fused_reduce.s_per_byte"] = (f"where(m, h, 0).sum(1) minus h.sum(1), lax, "
+                                        f"h {b}x{s}x{d} f32, per operand byte")
+    missing = set(_cost_table.TABLE) - set(table)
+    if missing:
+        raise RuntimeError(f"calibration left out {sorted(missing)}")
+    return table, notes
+
+
+def render(table, notes, machine: str) -> str:
+    """The table as the Python module jax_ext/_cost_table.py (its docstring kept)."""
+    head = _cost_table.__doc__ or ""
+    lines = [f'"""{head}"""', "from __future__ import annotations", "",
+             f"MACHINE = {machine!r}", "",
+             "# Structural, not fitted: XLA:CPU splits a loop over its thread pool from about "
+             "this",
+             "# many result bytes (below, one thread: the \"single\" regime), and glibc maps "
+             "a block of",
+             "# at least its dynamic mmap threshold's ceiling (32 MiB on 64-bit) fresh on "
+             "every call.",
+             f"POOL_MIN_BYTES = {_cost_table.POOL_MIN_BYTES}",
+             f"MMAP_THRESHOLD_BYTES = {_cost_table.MMAP_THRESHOLD_BYTES >> 20} << 20", "",
+             "TABLE: dict[str, float] = {"]
+    for k in _cost_table.TABLE:  # each constant under a comment saying what it was fitted on
+        lines += [f"    # {ln}" for ln in textwrap.wrap(notes[k], 92)]
+        lines.append(f"    {k!r}: {table[k]:.3e},")
+    lines += ["}", "", "# The same, for code and tests.", "FITTED_ON: dict[str, str] = {"]
+    for k in _cost_table.TABLE:
+        parts = textwrap.wrap(notes[k], 80, drop_whitespace=False)
+        lines.append(f"    {k!r}:")
+        lines += [f"        {p!r}" for p in parts[:-1]] + [f"        {parts[-1]!r},"]
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def main(quick: bool, out: str | None) -> int:
+    if not jax_ext.native_available():
+        print(f"jax-ext-bench --calibrate: the native module is not loaded "
+              f"({jax_ext.native_error()}); the kernels cannot be timed.", file=sys.stderr)
+        return 2
+    meta = machine_info("calibrate")
+    # the load average says how far to trust the table (a busy machine fits its own state)
+    machine = (f"{meta['cpu']} x{meta['cores']}, jax {meta['jax']}, load average "
+               f"{os.getloadavg()[0]:.1f} when fitted")
+    print(f"calibrating auto's cost model on {machine}"
+          f"{' (--quick grid)' if quick else ''}, load {os.getloadavg()[0]:.1f}", flush=True)
+    table, notes = calibrate(quick, log=lambda s: print(s, flush=True))
+    text = render(table, notes, machine)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+        print(f"wrote {out} ({len(table)} constants)")
+    else:
+        print(text)
+        print(f"(not written: --table {_cost_table.__file__} would replace the package's "
+              "table)")
+    return 0
