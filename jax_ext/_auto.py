@@ -270,7 +270,8 @@ def _c(key: str) -> float:
 
 def _fresh(impl: str, nbytes: int) -> float:
     from ._cost_table import MMAP_THRESHOLD_BYTES
-    return _c(f"fresh.{impl}.s_per_byte") * nbytes if nbytes > MMAP_THRESHOLD_BYTES else 0.0
+    # glibc maps a request of at least the threshold (XLA adds alignment on top)
+    return _c(f"fresh.{impl}.s_per_byte") * nbytes if nbytes >= MMAP_THRESHOLD_BYTES else 0.0
 
 
 def _materialize(nbytes: int) -> float:

@@ -8,7 +8,7 @@ FITTED_ON says, per constant, which timed cases it was fitted on.
 """
 from __future__ import annotations
 
-MACHINE = 'Intel(R) Xeon(R) Processor x2, jax 0.10.2, load average 7.7 when fitted'
+MACHINE = 'Intel(R) Xeon(R) Processor x2, jax 0.10.2, load average 8.3 when fitted'
 
 # Structural, not fitted: XLA:CPU splits a loop over its thread pool from about this
 # many result bytes (below, one thread: the "single" regime), and glibc maps a block of
@@ -18,65 +18,67 @@ MMAP_THRESHOLD_BYTES = 32 << 20
 
 TABLE: dict[str, float] = {
     # lax select f32, results under 4096 B
-    'select.lax.s0_single': 4.540e-06,
-    # lax select f32, 2^6-2^22 elements
-    'select.lax.s0': 8.641e-06,
-    # lax select f32, 2^6-2^22 elements: bytes read + written
-    'select.lax.s_per_byte': 4.663e-11,
+    'select.lax.s0_single': 4.515e-06,
+    # lax select f32 on arguments, 4096 B - 16384 KiB of result (thread pool)
+    'select.lax.s0': 8.010e-06,
+    # lax select f32 on arguments, 4096 B - 16384 KiB of result (thread pool): per byte read +
+    # written
+    'select.lax.s_per_byte': 5.386e-11,
     # native select f32, results under 4096 B
-    'select.native.s0_single': 4.785e-06,
-    # native select f32, 2^6-2^22 elements
-    'select.native.s0': 2.299e-06,
-    # native select f32, 2^6-2^22 elements: bytes read + written
-    'select.native.s_per_byte': 4.405e-11,
-    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
-    'gather.lax.s0': 4.111e-06,
-    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
-    'gather.lax.s_per_row': 9.259e-09,
-    # lax row gather f32 on arguments, 7 shapes (rows x row bytes)
-    'gather.lax.s_per_byte': 8.650e-11,
-    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
-    'gather.native.s0': 4.358e-06,
-    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
+    'select.native.s0_single': 4.762e-06,
+    # native select f32 on arguments, 4096 B - 16384 KiB of result (thread pool)
+    'select.native.s0': 2.611e-06,
+    # native select f32 on arguments, 4096 B - 16384 KiB of result (thread pool): per byte read +
+    # written
+    'select.native.s_per_byte': 4.803e-11,
+    # lax row gather f32 on arguments, 10 shapes (rows x row bytes)
+    'gather.lax.s0': 7.824e-06,
+    # lax row gather f32 on arguments, 10 shapes (rows x row bytes)
+    'gather.lax.s_per_row': 1.852e-09,
+    # lax row gather f32 on arguments, 10 shapes (rows x row bytes)
+    'gather.lax.s_per_byte': 7.373e-11,
+    # native row gather f32 on arguments, 10 shapes (rows x row bytes)
+    'gather.native.s0': 3.513e-06,
+    # native row gather f32 on arguments, 10 shapes (rows x row bytes)
     'gather.native.s_per_row': 0.000e+00,
-    # native row gather f32 on arguments, 7 shapes (rows x row bytes)
-    'gather.native.s_per_byte': 5.213e-11,
+    # native row gather f32 on arguments, 10 shapes (rows x row bytes)
+    'gather.native.s_per_byte': 5.904e-11,
     # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.lax.s0': 5.951e-06,
+    'scatter_add.lax.s0': 0.000e+00,
     # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.lax.s_per_row': 1.631e-08,
+    'scatter_add.lax.s_per_row': 3.308e-09,
     # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.lax.s_per_ct_byte': 5.955e-11,
+    'scatter_add.lax.s_per_ct_byte': 2.735e-10,
     # lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.lax.s_per_out_byte': 6.180e-11,
+    'scatter_add.lax.s_per_out_byte': 6.886e-11,
     # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.native.s0': 1.418e-05,
+    'scatter_add.native.s0': 1.866e-05,
     # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.native.s_per_row': 3.505e-08,
+    'scatter_add.native.s_per_row': 1.618e-08,
     # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.native.s_per_ct_byte': 0.000e+00,
+    'scatter_add.native.s_per_ct_byte': 2.035e-10,
     # native: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with small
     # cotangents
-    'scatter_add.native.s_per_out_byte': 6.247e-11,
+    'scatter_add.native.s_per_out_byte': 5.900e-11,
     # lax select of a 36 MiB result (a fresh mapping per call), over the linear fit, per result
     # byte
-    'fresh.lax.s_per_byte': 1.412e-09,
+    'fresh.lax.s_per_byte': 1.069e-09,
     # native select of a 36 MiB result (a fresh mapping per call), over the linear fit, per result
     # byte
-    'fresh.native.s_per_byte': 1.319e-09,
+    'fresh.native.s_per_byte': 7.212e-10,
     # x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept
-    'materialize.s0': 4.708e-06,
+    'materialize.s0': 5.057e-06,
     # x * 2 f32, same sizes: per byte read or written
-    'materialize.s_per_byte': 5.491e-11,
+    'materialize.s_per_byte': 3.805e-11,
     # where(m, h, 0).sum(1) minus h.sum(1), lax, h 64x512x256 f32, per operand byte
-    'fused_reduce.s_per_byte': 8.041e-10,
+    'fused_reduce.s_per_byte': 7.037e-10,
 }
 
 # The same, for code and tests.
@@ -84,27 +86,29 @@ FITTED_ON: dict[str, str] = {
     'select.lax.s0_single':
         'lax select f32, results under 4096 B',
     'select.lax.s0':
-        'lax select f32, 2^6-2^22 elements',
+        'lax select f32 on arguments, 4096 B - 16384 KiB of result (thread pool)',
     'select.lax.s_per_byte':
-        'lax select f32, 2^6-2^22 elements: bytes read + written',
+        'lax select f32 on arguments, 4096 B - 16384 KiB of result (thread pool): per '
+        'byte read + written',
     'select.native.s0_single':
         'native select f32, results under 4096 B',
     'select.native.s0':
-        'native select f32, 2^6-2^22 elements',
+        'native select f32 on arguments, 4096 B - 16384 KiB of result (thread pool)',
     'select.native.s_per_byte':
-        'native select f32, 2^6-2^22 elements: bytes read + written',
+        'native select f32 on arguments, 4096 B - 16384 KiB of result (thread pool): per '
+        'byte read + written',
     'gather.lax.s0':
-        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'lax row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'gather.lax.s_per_row':
-        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'lax row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'gather.lax.s_per_byte':
-        'lax row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'lax row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'gather.native.s0':
-        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'native row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'gather.native.s_per_row':
-        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'native row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'gather.native.s_per_byte':
-        'native row gather f32 on arguments, 7 shapes (rows x row bytes)',
+        'native row gather f32 on arguments, 10 shapes (rows x row bytes)',
     'scatter_add.lax.s0':
         'lax: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and 3 big tables with'
         ' small cotangents',

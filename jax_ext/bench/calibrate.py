@@ -63,21 +63,38 @@ def _reps(nbytes, quick):
     return (5 if quick else 11), iters
 
 
-def _fit(rows, names):
+def _fit(rows, names, log=None, what=""):
     """Least squares t = X @ c with c >= 0 (negative terms dropped, the rest refitted)."""
+    fit = _fit1(rows, names)
+    if log is not None:
+        err = [abs(sum(fit[n] * x for n, x in zip(names, r[0])) / r[1] - 1) for r in rows]
+        log(f"  fit {what}: median error {statistics.median(err):.0%}, worst {max(err):.0%}")
+    return fit
+
+
+def _fit1(rows, names):
+    """Non-negative least squares on relative errors (small calls weigh as much as big
+    ones): no constant of the model can be negative."""
+    from scipy.optimize import nnls  # a dependency of jax
     X = np.array([r[0] for r in rows], np.float64)
     t = np.array([r[1] for r in rows], np.float64)
-    keep = list(range(X.shape[1]))
-    while True:
-        # relative errors: small calls weigh as much as big ones
-        w = 1.0 / t
-        c, *_ = np.linalg.lstsq(X[:, keep] * w[:, None], t * w, rcond=None)
-        if (c >= 0).all() or len(keep) == 1:
-            out = dict.fromkeys(names, 0.0)
-            for k, v in zip(keep, c):
-                out[names[k]] = max(0.0, float(v))
-            return out
-        keep.pop(int(np.argmin(c)))
+    scale = X.max(axis=0)  # columns of seconds-per-row and per-byte differ by 1e6
+    scale[scale == 0] = 1.0
+    c, _ = nnls(X / scale / t[:, None], np.ones_like(t))
+    return {n: float(v / s) for n, v, s in zip(names, c, scale)}
+
+
+def _fresh(table, impl, nbytes):
+    """The fresh-mapping cost already fitted (the same rule as _auto._fresh)."""
+    if nbytes < _cost_table.MMAP_THRESHOLD_BYTES:
+        return 0.0
+    return table[f"fresh.{impl}.s_per_byte"] * nbytes
+
+
+def _less_fresh(t, table, impl, nbytes):
+    """A time less the fresh-mapping cost already fitted, kept at a fifth of the time at
+    least (on a noisy machine that estimate can exceed a whole call)."""
+    return max(t - _fresh(table, impl, nbytes), 0.2 * t)
 
 
 def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]:
@@ -101,7 +118,7 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
     for impl, p in pts.items():
         small = [(b, s) for o, b, s in p if o < pool]
         big = [([1.0, b], s) for o, b, s in p if o >= pool]
-        fit = _fit(big, ["s0", "s_per_byte"])
+        fit = _fit(big, ["s0", "s_per_byte"], log, f"select {impl}")
         table[f"select.{impl}.s0"] = fit["s0"]
         table[f"select.{impl}.s_per_byte"] = fit["s_per_byte"]
         table[f"select.{impl}.s0_single"] = max(0.0, statistics.median(
@@ -131,7 +148,8 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
     shapes = ([(16384, 8, 4096), (65536, 64, 16384), (16384, 128, 2048), (4096, 16, 256)]
               if quick else
               [(16384, 8, 4096), (65536, 64, 16384), (65536, 64, 65536), (16384, 128, 2048),
-               (262144, 128, 65536), (4096, 16, 256), (1048576, 16, 262144)])
+               (262144, 128, 65536), (4096, 16, 256), (1048576, 16, 262144),
+               (65536, 32, 8192), (4096, 8, 4096), (100000, 256, 4096)])
     # the gradient also on big tables fed by small cotangents (an embedding table's
     # gradient: the zero-filled result dominates), so result and cotangent bytes separate
     tables = [(262144, 32, 8192)] if quick else [(262144, 32, 8192), (1048576, 16, 16384),
@@ -154,16 +172,20 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         log(f"  gather gradient {rows}x{cols} n={k}: native {ts['native'] * 1e6:.1f} us, "
             f"lax {ts['lax'] * 1e6:.1f} us")
         for impl in gp:
+            # fitted on what is left once the fresh mapping of a big result is paid
             if t is not None:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl]))
-            sp[impl].append(([1.0, k, out, rows * cols * _F32], ts[impl]))
+                gp[impl].append(([1.0, k, 2 * out + 4 * k],
+                                 _less_fresh(t[impl], table, impl, out)))
+            tab = rows * cols * _F32
+            sp[impl].append(([1.0, k, out, tab], _less_fresh(ts[impl], table, impl, tab)))
     for impl in gp:
-        fit = _fit(gp[impl], ["s0", "s_per_row", "s_per_byte"])
+        fit = _fit(gp[impl], ["s0", "s_per_row", "s_per_byte"], log, f"gather {impl}")
         for key, v in fit.items():
             table[f"gather.{impl}.{key}"] = v
             notes[f"gather.{impl}.{key}"] = (f"{impl} row gather f32 on arguments, "
                                              f"{len(shapes)} shapes (rows x row bytes)")
-        fit = _fit(sp[impl], ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"])
+        fit = _fit(sp[impl], ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"], log,
+                   f"scatter-add {impl}")
         for key, v in fit.items():
             table[f"scatter_add.{impl}.{key}"] = v
             notes[f"scatter_add.{impl}.{key}"] = (
