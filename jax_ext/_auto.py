@@ -81,6 +81,15 @@ _OPAQUE_CONSUMERS = {
     "jax_ext_select", "jax_ext_gather", "jax_ext_scatter_add",
     "jax_ext_select_shard", "jax_ext_gather_shard", "jax_ext_scatter_add_shard",
 }
+# Reductions that XLA:CPU (jaxlib 0.10.2) runs as a YNNPACK fusion reading its operand from
+# memory, for these operand dtypes: the producer is materialized by XLA itself, so a native
+# result feeding them costs nothing extra (checked in the compiled HLO: a kLoop fusion
+# writing the operand, then a kCustom __ynn_fusion; other dtypes fuse into a kLoop).
+_MEMORY_REDUCTIONS = {
+    "reduce_sum": {"float32", "float64"},
+    "reduce_max": {"float16", "bfloat16", "float32", "float64"},
+    "reduce_min": {"float16", "bfloat16", "float32", "float64"},
+}
 # Call-like primitives whose body is lowered inline: look through them by position.
 _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "remat2",
           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
@@ -193,6 +202,8 @@ def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
         name = e.primitive.name
         if name in _OPAQUE_CONSUMERS:
             continue
+        if str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ()):
+            continue
         if _free_view_eqn(e) and depth < 8:
             ok, what = _consumer_in(jaxpr, e.outvars[0], depth + 1)
             if not ok:
@@ -254,14 +265,9 @@ def static_nbytes(aval: Any) -> int | None:
 #   * a result above glibc's mmap threshold is a fresh mapping on each call: XLA's faults
 #     its 4 KiB pages in one by one, the kernels map huge pages (fresh.*.s_per_byte);
 #   * lax: an operand whose producer would fuse is not read from memory (the fused loop
-#     computes it), and a result that a consumer would fuse is never written; fused into
-#     a reduction, the loop runs at the reduction's pace (fused_reduce.s_per_byte);
+#     computes it), and a result that a consumer would fuse is never written;
 #   * native: such an operand is materialized first (a loop writing it) and such a result
 #     is read back by its consumer (materialize.*): one write and one read.
-
-_REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-               "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin"}
-
 
 def _c(key: str) -> float:
     from ._cost_table import TABLE
@@ -294,10 +300,6 @@ class _Site:
         parts = [f"{n}: {what}" if mem else f"{n} comes from {what}, which would fuse"
                  for n, _, mem, what in self.operands if what != "small"]
         return ", ".join(parts + [self.consumer])
-
-    @property
-    def into_reduction(self) -> bool:
-        return not self.result_kept and self.consumer.removeprefix("result feeds ") in _REDUCTIONS
 
 
 def _site(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
@@ -345,8 +347,6 @@ def choose_select(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
         read_lax + (site.out_bytes if site.result_kept else 0))
     if site.result_kept:
         lax += _fresh("lax", site.out_bytes)
-    if site.into_reduction:
-        lax += _c("fused_reduce.s_per_byte") * read_all
     native = (_c(f"select.native.{regime}")
               + _c("select.native.s_per_byte") * (read_all + site.out_bytes)
               + _fresh("native", site.out_bytes)

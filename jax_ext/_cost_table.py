@@ -77,8 +77,6 @@ TABLE: dict[str, float] = {
     'materialize.s0': 5.057e-06,
     # x * 2 f32, same sizes: per byte read or written
     'materialize.s_per_byte': 3.805e-11,
-    # where(m, h, 0).sum(1) minus h.sum(1), lax, h 64x512x256 f32, per operand byte
-    'fused_reduce.s_per_byte': 7.037e-10,
 }
 
 # The same, for code and tests.
@@ -143,6 +141,4 @@ FITTED_ON: dict[str, str] = {
         'x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept',
     'materialize.s_per_byte':
         'x * 2 f32, same sizes: per byte read or written',
-    'fused_reduce.s_per_byte':
-        'where(m, h, 0).sum(1) minus h.sum(1), lax, h 64x512x256 f32, per operand byte',
 }

@@ -7,8 +7,10 @@ terms are then fitted by least squares (no negative constant: a term that comes 
 negative is dropped and the rest refitted). The table is written as a Python module to
 ``--table PATH`` (``--table jax_ext/_cost_table.py`` in a clone replaces the shipped
 one); without ``--table`` it is printed, with the path of the table it would replace.
-``--quick`` times a smaller grid (for CI: under two minutes) and still fits every
-constant. Timings on a loaded machine give a table of that machine's state.
+``--report PATH`` also writes it as a Markdown table (the docs' fitted table:
+``--report docs/_generated/cost_table.md``). ``--quick`` times a smaller grid (for CI:
+under two minutes) and still fits every constant. Timings on a loaded machine give a
+table of that machine's state.
 """
 from __future__ import annotations
 
@@ -192,8 +194,7 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
                 f"{impl}: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and "
                 f"{len(tables)} big tables with small cotangents")
 
-    # materializing: one fused XLA loop writing a result (x * 2), and a select fused into a
-    # reduction against the reduction of a materialized operand
+    # materializing: one fused XLA loop writing a result (x * 2)
     mp = []
     for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
         x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
@@ -203,15 +204,6 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
     table["materialize.s0"], table["materialize.s_per_byte"] = fit["s0"], fit["s_per_byte"]
     notes["materialize.s0"] = "x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept"
     notes["materialize.s_per_byte"] = "x * 2 f32, same sizes: per byte read or written"
-    b, s, d = (16, 256, 128) if quick else (64, 512, 256)
-    h = jnp.asarray(rng.standard_normal((b, s, d)).astype(np.float32))
-    m = jnp.asarray(rng.integers(0, 2, (b, s, 1)).astype(bool))
-    t = _timer({"fused": (jax.jit(lambda m, h: jax_ext.where(m, h, 0.0).sum(1)), "lax"),
-                "plain": (jax.jit(lambda m, h: h.sum(1)), "lax")}, (m, h),
-               *_reps(h.nbytes, quick))
-    table["fused_reduce.s_per_byte"] = max(0.0, (t["fused"] - t["plain"]) / (h.nbytes + m.nbytes))
-    notes["fused_reduce.s_per_byte"] = (f"where(m, h, 0).sum(1) minus h.sum(1), lax, "
-                                        f"h {b}x{s}x{d} f32, per operand byte")
     missing = set(_cost_table.TABLE) - set(table)
     if missing:
         raise RuntimeError(f"calibration left out {sorted(missing)}")
@@ -244,7 +236,21 @@ def render(table, notes, machine: str) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, out: str | None) -> int:
+def markdown(table, notes, machine: str) -> str:
+    """The fitted table as Markdown, for the docs (no paths, no dates)."""
+    lines = [f"Fitted on: {machine}.", "",
+             f"Structural: XLA's thread pool from {_cost_table.POOL_MIN_BYTES} bytes of result; "
+             f"glibc's mmap threshold {_cost_table.MMAP_THRESHOLD_BYTES >> 20} MiB.", "",
+             "| constant | value | fitted on |", "|---|---:|---|"]
+    for k in _cost_table.TABLE:
+        v = table[k]
+        unit = ("ns/byte", v * 1e9) if "per_byte" in k or "byte" in k.split(".")[-1] else (
+            ("ns/row", v * 1e9) if "per_row" in k else ("us", v * 1e6))
+        lines.append(f"| `{k}` | {unit[1]:.4g} {unit[0]} | {notes[k]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(quick: bool, out: str | None, report: str | None = None) -> int:
     if not jax_ext.native_available():
         print(f"jax-ext-bench --calibrate: the native module is not loaded "
               f"({jax_ext.native_error()}); the kernels cannot be timed.", file=sys.stderr)
@@ -265,4 +271,11 @@ def main(quick: bool, out: str | None) -> int:
         print(text)
         print(f"(not written: --table {_cost_table.__file__} would replace the package's "
               "table)")
+    if report:
+        d = os.path.dirname(report)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        with open(report, "w") as f:
+            f.write(markdown(table, notes, machine))
+        print(f"wrote {report}")
     return 0

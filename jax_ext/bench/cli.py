@@ -100,7 +100,8 @@ def main(argv=None):
     p.add_argument("--calibrate", action="store_true",
                    help="instead of the benchmark: time the kernels and XLA's loops on a grid, "
                         "fit the constants of implementation 'auto''s cost model and write "
-                        "them (with --quick: a smaller grid, for CI; see --table)")
+                        "them (with --quick: a smaller grid, for CI; see --table; --report "
+                        "writes the table as Markdown)")
     p.add_argument("--table", default=None, metavar="PATH",
                    help="with --calibrate: where to write the fitted table (default: "
                         "print it, with the path of the package's table it would replace)")
@@ -119,7 +120,7 @@ def main(argv=None):
         return 2
     if a.calibrate:
         from . import calibrate
-        return calibrate.main(quick=a.quick, out=a.table)
+        return calibrate.main(quick=a.quick, out=a.table, report=a.report)
     if a.devices > 1:  # before anything starts jax's backends
         from . import sharded
         sharded.force_host_devices(a.devices, argv)
