@@ -200,8 +200,10 @@ def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
     """Do the uses of `var` inside `jaxpr` leave it in memory? (opaque, first fusing use)."""
     for e in _uses(jaxpr, var):
         name = e.primitive.name
-        if name in _OPAQUE_CONSUMERS:
+        if name in _OPAQUE_CONSUMERS and not (
+                name.startswith("jax_ext_") and e.params.get("impl") == "auto"):
             continue
+        # (a jax_ext op under "auto" is decided after this one: it may take lax and fuse)
         if str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ()):
             continue
         if _free_view_eqn(e) and depth < 8:

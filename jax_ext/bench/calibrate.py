@@ -14,6 +14,8 @@ table of that machine's state.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import statistics
 import sys
@@ -93,6 +95,26 @@ def _fresh(table, impl, nbytes):
     return table[f"fresh.{impl}.s_per_byte"] * nbytes
 
 
+@contextlib.contextmanager
+def _no_fresh_mappings():
+    """glibc told to serve every block from its heap and keep it (M_MMAP_MAX 0, a high
+    M_TRIM_THRESHOLD), then set back to its defaults; yields False where that is not
+    possible (not glibc)."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        yield False
+        return
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    ok = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    try:
+        yield ok
+    finally:
+        mallopt(M_MMAP_MAX, 65536)  # glibc's defaults
+        mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+
+
 def _less_fresh(t, table, impl, nbytes):
     """A time less the fresh-mapping cost already fitted, kept at a fifth of the time at
     least (on a noisy machine that estimate can exceed a whole call)."""
@@ -131,21 +153,6 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         notes[f"select.{impl}.s_per_byte"] = (f"{impl} select f32 on arguments, {sizes}: "
                                               "per byte read + written")
 
-    # fresh mapping: a result above glibc's mmap threshold, over the linear prediction
-    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
-    c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
-    x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
-    t = _timer(_both(jax_ext.where), (c, x, y), 3 if quick else 7, 2)
-    del c, x, y
-    for impl in ("native", "lax"):
-        pred = table[f"select.{impl}.s0"] + table[f"select.{impl}.s_per_byte"] * n * 13
-        table[f"fresh.{impl}.s_per_byte"] = max(0.0, (t[impl] - pred) / (n * _F32))
-        notes[f"fresh.{impl}.s_per_byte"] = (
-            f"{impl} select of a {n * _F32 >> 20} MiB result (a fresh mapping per call), "
-            "over the linear fit, per result byte")
-    log(f"  select {n * _F32 >> 20} MiB (fresh): native {t['native'] * 1e3:.2f} ms, "
-        f"lax {t['lax'] * 1e3:.2f} ms")
-
     # row gather on arguments: rows x row length
     shapes = ([(16384, 8, 4096), (65536, 64, 16384), (16384, 128, 2048), (4096, 16, 256)]
               if quick else
@@ -174,13 +181,39 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         log(f"  gather gradient {rows}x{cols} n={k}: native {ts['native'] * 1e6:.1f} us, "
             f"lax {ts['lax'] * 1e6:.1f} us")
         for impl in gp:
-            # fitted on what is left once the fresh mapping of a big result is paid
             if t is not None:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k],
-                                 _less_fresh(t[impl], table, impl, out)))
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
             tab = rows * cols * _F32
-            sp[impl].append(([1.0, k, out, tab], _less_fresh(ts[impl], table, impl, tab)))
+            sp[impl].append(([1.0, k, out, tab], ts[impl], tab))
+    # fresh mapping: a result above glibc's mmap threshold is mapped anew on every call;
+    # the same select timed with glibc told not to map (so it reuses its heap) gives the
+    # cost of the mapping itself, per result byte
+    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
+    c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
+    x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    reps = 5 if quick else 9
+    t = _timer(_both(jax_ext.where), (c, x, y), reps, 2)
+    with _no_fresh_mappings() as ok:
+        t_reused = _timer(_both(jax_ext.where), (c, x, y), reps, 2) if ok else None
+    del c, x, y
+    for impl in ("native", "lax"):
+        if t_reused is not None:
+            extra, how = t[impl] - t_reused[impl], "the same call on reused heap memory"
+        else:  # not glibc: the residual over the linear fit
+            extra = t[impl] - (table[f"select.{impl}.s0"]
+                               + table[f"select.{impl}.s_per_byte"] * n * 13)
+            how = "the linear fit's prediction"
+        table[f"fresh.{impl}.s_per_byte"] = max(0.0, extra / (n * _F32))
+        notes[f"fresh.{impl}.s_per_byte"] = (
+            f"{impl} select of a {n * _F32 >> 20} MiB result (a fresh mapping per call), "
+            f"over {how}, per result byte")
+        log(f"  select {n * _F32 >> 20} MiB: {impl} {t[impl] * 1e3:.2f} ms fresh"
+            + (f", {t_reused[impl] * 1e3:.2f} ms reused" if t_reused else ""))
+
     for impl in gp:
+        # fitted on what is left once the fresh mapping of a big result is paid
+        gp[impl] = [(x, _less_fresh(t, table, impl, b)) for x, t, b in gp[impl]]
+        sp[impl] = [(x, _less_fresh(t, table, impl, b)) for x, t, b in sp[impl]]
         fit = _fit(gp[impl], ["s0", "s_per_row", "s_per_byte"], log, f"gather {impl}")
         for key, v in fit.items():
             table[f"gather.{impl}.{key}"] = v
