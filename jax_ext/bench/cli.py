@@ -3,7 +3,7 @@
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
                   [--impl auto|native|lax] [--json bench.json] [--plot bench.png]
                   [--report benchmark.md]
-    jax-ext-bench --calibrate [--quick] [--table PATH]
+    jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
 
 Each case jits both functions, checks they agree bit for bit, then times them call by
 call, alternating (ours theirs, theirs ours, ...): machine noise hits both alike, and
@@ -90,8 +90,12 @@ def main(argv=None):
                    help="the jax_ext implementation measured: 'auto' (default, what users get: "
                         "native or lax per call site), 'native' forces the kernels everywhere, "
                         "'lax' benchmarks the fallback")
-    p.add_argument("--json", default="bench.json", help="where to write the results")
-    p.add_argument("--plot", default="bench.png", help="where to draw the plot (matplotlib)")
+    p.add_argument("--json", default="bench.json",
+                   help="where to write the results (default: bench.json in the current "
+                        "directory)")
+    p.add_argument("--plot", default="bench.png",
+                   help="where to draw the plot (matplotlib; default: bench.png in the "
+                        "current directory)")
     p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     p.add_argument("--report", default=None, metavar="PATH",
                    help="also write the table as Markdown, under a header naming the machine "
