@@ -103,8 +103,8 @@ def main(argv=None):
                         "(the docs' page: --report docs/_generated/benchmark.md)")
     p.add_argument("--calibrate", action="store_true",
                    help="instead of the benchmark: time the kernels and XLA's loops on a grid, "
-                        "fit the constants of implementation 'auto''s cost model and write "
-                        "them (with --quick: a smaller grid, for CI; see --table; --report "
+                        "fit the constants of the cost model behind implementation 'auto' and "
+                        "write them (with --quick: a smaller grid, for CI; see --table; --report "
                         "writes the table as Markdown)")
     p.add_argument("--table", default=None, metavar="PATH",
                    help="with --calibrate: where to write the fitted table (default: "
