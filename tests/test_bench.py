@@ -161,3 +161,18 @@ def test_quick_calibration_writes_a_complete_table(tmp_path, capsys, monkeypatch
     assert bench.main(["--calibrate", "--quick"]) == 0
     text = capsys.readouterr().out
     assert "TABLE: dict[str, float] = {" in text and "--table " in text.splitlines()[-1]
+
+
+def test_call_orders_are_balanced():
+    """Each side runs in each position, and right after each other side, equally often
+    (programs time four sides: a fixed order would favour whichever follows whom)."""
+    from collections import Counter
+
+    from jax_ext.bench.timing import _orders
+    for n in (2, 3, 4):
+        rows = _orders(n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        places = Counter((p, s) for r in rows for p, s in enumerate(r))
+        assert len(places) == n * n and len(set(places.values())) == 1, (n, places)
+        pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, (n, pairs)

@@ -3,7 +3,6 @@ per calling pattern (the package docstring says why alternate)."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import statistics
 import time
 
@@ -66,12 +65,27 @@ def _host_side(fn, host, pattern):
     return call
 
 
-def _time_sides(calls, pattern, iters):
+def _orders(n):
+    """A balanced (Williams) Latin square of n sides: n orders (2n for odd n) in which
+    each side takes each position once and follows each other side once."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows + ([row[::-1] for row in rows] if n % 2 else [])
+
+
+def _time_sides(calls, pattern, iters, start=0):
     """Mean time and page faults per call of each side over `iters` calls each.
-    "reused" and "fresh": call by call, the order of the sides cycling through every
-    permutation (ours theirs, theirs ours, ...), so each call follows every other side's
-    call as often as its own and none inherits a machine state (awake threads, warm
-    caches, a freed buffer of the right size) that only its own previous call leaves.
+    "reused" and "fresh": call by call, the order of the sides cycling through the rows
+    of a balanced Latin square (ours theirs, theirs ours, ...; _orders), so each side
+    runs in each position and after each other side equally often, and none inherits a
+    machine state (awake threads, warm caches, a freed buffer of the right size) that only
+    its own previous call leaves.
     "loop": each side's calls back to back, as a loop that calls one op and nothing
     else."""
     totals = [0.0] * len(calls)
@@ -79,8 +93,10 @@ def _time_sides(calls, pattern, iters):
     if pattern == "loop":
         order = [s for s in range(len(calls)) for _ in range(iters)]
     else:
-        perms = list(itertools.permutations(range(len(calls))))
-        order = [s for k in range(iters) for s in perms[k % len(perms)]]
+        perms = _orders(len(calls))
+        # `start`: where in the cycle of orders this call begins, so that rounds of fewer
+        # calls than there are orders still go through all of them, round after round
+        order = [s for k in range(start, start + iters) for s in perms[k % len(perms)]]
     for s in order:
         dt, df = calls[s]()
         totals[s] += dt
@@ -170,8 +186,8 @@ def _measure(case, rounds, min_sample_s, patterns):
         iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
         t_ours, t_ref, t_ort, t_copy, f_ours, f_ref = [], [], [], [], [], []
         t_forced: list[list[float]] = [[] for _ in forced]
-        for _ in range(rounds):
-            ts, fs = _time_sides(calls, pattern, iters)
+        for r in range(rounds):
+            ts, fs = _time_sides(calls, pattern, iters, start=r * iters)
             for k in range(len(forced)):
                 t_forced[k].append(ts[first_forced + k])
             t_ours.append(ts[0])
