@@ -167,6 +167,44 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
         return False, f"unknown ({type(e).__name__})"
 
 
+def _type_bytes(t: Any) -> int:
+    rt = ir.RankedTensorType(t)
+    et = rt.element_type
+    for cls in (ir.IntegerType, ir.FloatType):
+        try:
+            width = int(cls(et).width)
+            break
+        except Exception:
+            continue
+    else:
+        width = 32
+    return math.prod(rt.shape) * max(1, width // 8)
+
+
+def producer_reads(value: Any) -> int:
+    """Bytes the loop computing `value` (a fusible op's result) reads from memory: its
+    operands, less broadcasts, iotas and constants (computed in the loop). Materializing
+    `value` for a native call re-reads them, where one fused loop read them once."""
+    try:
+        op = value.owner
+        for _ in range(8):  # look through views to the op that computes
+            name = op.operation.name if hasattr(op, "operation") else op.name
+            if name not in _VIEW_OPS and not _free_view(op, name):
+                break
+            op = op.operands[0].owner
+        total = 0
+        for v in op.operands:
+            src = v.owner
+            sname = "" if isinstance(v, ir.BlockArgument) else (
+                src.operation.name if hasattr(src, "operation") else src.name)
+            if sname in ("stablehlo.broadcast_in_dim", "stablehlo.constant", "stablehlo.iota"):
+                continue
+            total += _type_bytes(v.type)
+        return total
+    except Exception:  # an unknown shape of IR: count nothing extra
+        return 0
+
+
 def _uses(jaxpr: Any, var: Any) -> list[Any]:
     return [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
 
@@ -268,8 +306,9 @@ def static_nbytes(aval: Any) -> int | None:
 #     its 4 KiB pages in one by one, the kernels map huge pages (fresh.*.s_per_byte);
 #   * lax: an operand whose producer would fuse is not read from memory (the fused loop
 #     computes it), and a result that a consumer would fuse is never written;
-#   * native: such an operand is materialized first (a loop writing it) and such a result
-#     is read back by its consumer (materialize.*): one write and one read.
+#   * native: such an operand is materialized first (a loop writing it, re-reading what
+#     its producer reads) and such a result is read back by its consumer (materialize.*):
+#     one write and one read.
 
 def _c(key: str) -> float:
     from ._cost_table import TABLE
@@ -295,6 +334,7 @@ class _Site:
     """What the estimates need about one call site, read from the IR being lowered."""
     out_bytes: int
     operands: list[tuple[str, int, bool, str]]  # (name, bytes, in memory?, producer)
+    rereads: dict[str, int]  # per operand that would fuse: bytes its producer reads
     result_kept: bool   # no consumer would fuse the result
     consumer: str       # why (or the first fusing consumer)
 
@@ -313,7 +353,7 @@ def _site(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
     if out is None:
         return None
     stack = _compat.enclosing_equations()
-    ops = []
+    ops, rereads = [], {}
     for name, aval, v in zip(names, ctx.avals_in, args):
         n = static_nbytes(aval)
         if n is None:
@@ -323,8 +363,10 @@ def _site(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
             continue
         mem, what = producer(v, stack)
         ops.append((name, n, mem, what))
+        if not mem:
+            rereads[name] = producer_reads(v)
     kept, why = consumers(prim)
-    return _Site(out, ops, kept, why)
+    return _Site(out, ops, rereads, kept, why)
 
 
 _pending = threading.local()
@@ -352,7 +394,8 @@ def choose_select(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
     native = (_c(f"select.native.{regime}")
               + _c("select.native.s_per_byte") * (read_all + site.out_bytes)
               + _fresh("native", site.out_bytes)
-              + sum(_materialize(n) for _, n, mem, _ in site.operands if not mem)
+              + sum(_materialize(n + site.rereads.get(k, 0))
+                    for k, n, mem, _ in site.operands if not mem)
               + (0.0 if site.result_kept else _materialize(site.out_bytes)))
     return _decide("select", native, lax, site.notes())
 
@@ -372,7 +415,8 @@ def choose_gather(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
            + (_fresh("lax", out) if site.result_kept else 0.0))
     native = (_c("gather.native.s0") + _c("gather.native.s_per_row") * rows
               + _c("gather.native.s_per_byte") * (small + 2 * out) + _fresh("native", out)
-              + (0.0 if src_mem else _materialize(site.operands[0][1]))
+              + (0.0 if src_mem else _materialize(site.operands[0][1]
+                                                  + site.rereads.get("src", 0)))
               + (0.0 if site.result_kept else _materialize(out)))
     return _decide("gather", native, lax, site.notes())
 

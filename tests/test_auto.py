@@ -313,6 +313,19 @@ def test_materializing_is_a_cost_not_a_veto(table):
     assert cheap.impl == "native" and "result feeds concatenate" in cheap.reason
 
 
+def test_a_fusible_operand_costs_its_write_and_its_producers_reads(table):
+    """cond = x > 0: the kernel needs the compare's loop first, which writes cond and reads
+    x again (the fused lax loop reads x once for both); its constant 0 is computed there."""
+    c, x = np.ones(BIG, bool), np.ones(BIG, np.float32)
+    (arg,) = jax_ext.explain(lambda c, x, y: jax_ext.where(c, x, y), c, x, x)
+    (cmp,) = jax_ext.explain(lambda c, x, y: jax_ext.where(x > 0, x, y), c, x, x)
+    assert "cond comes from compare" in cmp.reason, cmp
+    assert np.isclose(cmp.est_native_s - arg.est_native_s,
+                      TABLE["materialize.s0"] + TABLE["materialize.s_per_byte"] * (BIG + 4 * BIG))
+    # the lax path does not read cond from memory at all
+    assert np.isclose(arg.est_lax_s - cmp.est_lax_s, TABLE["select.lax.s_per_byte"] * BIG)
+
+
 def test_scatter_add_is_judged_by_its_zero_filled_result(table):
     """Same cotangent (1 MiB), tables of 1 MiB and 36 MiB: the estimates grow with the
     result, and past glibc's mmap threshold by its fresh pages (dearer for XLA's 4 KiB
