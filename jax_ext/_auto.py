@@ -373,8 +373,9 @@ _pending = threading.local()
 
 
 def _decide(op: str, native: float, lax: float, notes: str) -> tuple[bool, str]:
+    from ._cost_table import NATIVE_MARGIN
     _pending.estimate = (op, native, lax)  # picked up by record(), for Decision
-    return native < lax, f"est. native {fmt_s(native)} vs lax {fmt_s(lax)}; {notes}"
+    return native < lax * NATIVE_MARGIN, f"est. native {fmt_s(native)} vs lax {fmt_s(lax)}; {notes}"
 
 
 def choose_select(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]

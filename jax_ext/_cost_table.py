@@ -15,6 +15,9 @@ MACHINE = 'Intel(R) Xeon(R) Processor x2, jax 0.10.2, load average 4.6 when fitt
 # at least its dynamic mmap threshold's ceiling (32 MiB on 64-bit) fresh on every call.
 POOL_MIN_BYTES = 4096
 MMAP_THRESHOLD_BYTES = 32 << 20
+# Policy, not fitted: the kernel runs only where estimated this much cheaper; within
+# the fit's noise the lax path (which fuses like the jnp code) is kept.
+NATIVE_MARGIN = 0.95
 
 TABLE: dict[str, float] = {
     # lax select f32, results under 4096 B

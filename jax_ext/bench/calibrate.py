@@ -255,7 +255,11 @@ def render(table, notes, machine: str) -> str:
              "# at least its dynamic mmap threshold's ceiling (32 MiB on 64-bit) fresh on "
              "every call.",
              f"POOL_MIN_BYTES = {_cost_table.POOL_MIN_BYTES}",
-             f"MMAP_THRESHOLD_BYTES = {_cost_table.MMAP_THRESHOLD_BYTES >> 20} << 20", "",
+             f"MMAP_THRESHOLD_BYTES = {_cost_table.MMAP_THRESHOLD_BYTES >> 20} << 20",
+             "# Policy, not fitted: the kernel runs only where estimated this much cheaper; "
+             "within",
+             "# the fit's noise the lax path (which fuses like the jnp code) is kept.",
+             f"NATIVE_MARGIN = {_cost_table.NATIVE_MARGIN}", "",
              "TABLE: dict[str, float] = {"]
     for k in _cost_table.TABLE:  # each constant under a comment saying what it was fitted on
         lines += [f"    # {ln}" for ln in textwrap.wrap(notes[k], 92)]
@@ -273,7 +277,9 @@ def markdown(table, notes, machine: str) -> str:
     """The fitted table as Markdown, for the docs (no paths, no dates)."""
     lines = [f"Fitted on: {machine}.", "",
              f"Structural: XLA's thread pool from {_cost_table.POOL_MIN_BYTES} bytes of result; "
-             f"glibc's mmap threshold {_cost_table.MMAP_THRESHOLD_BYTES >> 20} MiB.", "",
+             f"glibc's mmap threshold {_cost_table.MMAP_THRESHOLD_BYTES >> 20} MiB. Policy: the "
+             f"kernel runs where estimated below {_cost_table.NATIVE_MARGIN:g}x the lax path's "
+             "time.", "",
              "| constant | value | fitted on |", "|---|---:|---|"]
     for k in _cost_table.TABLE:
         v = table[k]
