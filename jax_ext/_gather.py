@@ -676,16 +676,10 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     return in_specs, o, local
 
 
-# implementation "auto" (see _auto.py): the result bytes from which the kernel beats XLA's
-# gather, measured on the 2-core x86-64 machine this is tuned on (README "Native or lax: who
-# decides"): from an 8 KiB result on (1.3-3x; 0.85x at 512 B).
-AUTO_MIN_BYTES: int | None = 4096
-
-
-def _gather_auto(ctx, *args, **params):
-    return _auto_mod.operands_and_result(
-        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args,
-        AUTO_MIN_BYTES)
+# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
+def _gather_auto(ctx, *args, nbatch, **params):
+    return _auto_mod.choose_gather(
+        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args, nbatch)
 
 
 # --- autodiff ---------------------------------------------------------------------------

@@ -171,17 +171,9 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     return in_specs, o, local
 
 
-# implementation "auto" (see _auto.py): scatter-add takes the kernel only from 32 MiB of
-# cotangent (1.2x; 0.8-0.96x at 256 KiB-8 MiB), measured on the 2-core x86-64 machine this
-# is tuned on (README "Native or lax: who decides").
-AUTO_SCATTER_MIN_BYTES: int | None = 32 << 20
-
-
-def _scatter_auto(ctx, *args, **params):
-    # XLA's scatter neither fuses nor is fused away, so where the kernel wins on size it
-    # wins whatever produces the cotangent.
-    ok, what = _auto_mod.enough_work(ctx.avals_in[0], AUTO_SCATTER_MIN_BYTES, "cotangent")
-    return ok, what + ("; XLA's scatter does not fuse either" if ok else "")
+# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
+def _scatter_auto(ctx, *args, nbatch, **params):
+    return _auto_mod.choose_scatter_add(scatter_add_p, ctx, nbatch)
 
 
 def _scatter_jvp(primals, tangents, **params):

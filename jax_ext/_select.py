@@ -396,17 +396,9 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
     return in_specs, o, local
 
 
-# implementation "auto" (see _auto.py): the result bytes from which the kernel beats XLA's
-# own fused select when nothing else would fuse with it. On the 2-core x86-64 machine this is
-# tuned on, from 4 KiB (1024 f32) XLA's loop is split over its thread pool and the kernel
-# ran 1.3-3.3x faster up to 64 MiB; below it XLA's single-threaded loop was ~10% faster
-# (README "Native or lax: who decides").
-AUTO_MIN_BYTES: int | None = 4096
-
-
+# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
 def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
-    return _auto_mod.operands_and_result(select_p, ctx, ("cond", "x", "y"), (cond, x, y),
-                                         AUTO_MIN_BYTES)
+    return _auto_mod.choose_select(select_p, ctx, ("cond", "x", "y"), (cond, x, y))
 
 
 def _zero_scalar(dtype):

@@ -2,6 +2,7 @@
 results carry what is needed to judge them (implementation, machine, spread)."""
 import contextlib
 import json
+import re
 
 import jax
 
@@ -97,3 +98,81 @@ def test_a_float64_case_is_timed_as_float64(tmp_path):
     assert row["dtype"] == "float64" and row["agrees"]
     # 2^20 elements: condition bytes + 8 bytes for each of x, y and the result
     assert row["bytes"] == (1 << 20) * (1 + 3 * 8)
+
+
+def test_help_names_the_command(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: jax-ext-bench ") and "python -m" not in out.split("\n")[0]
+
+
+def test_report_is_markdown_with_machine_header_and_outputs_are_named_last(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "docs" / "benchmark.md"
+    rc = bench.main(["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
+                     "--pattern", "reused", "--report", str(report)])
+    assert rc == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-2:]
+    assert last[0].startswith("wrote bench.json (in the current directory)"), last
+    assert (tmp_path / "bench.json").exists()
+    text = report.read_text()
+    assert "| case |" in text and "select 8 elements f32" in text
+    for want in ("cores", "jaxlib", "glibc allocator", "reused"):
+        assert want in text, want
+    # no machine paths, no dates: the docs include this page as it is
+    assert str(tmp_path) not in text and not re.search(r"\d{4}-\d\d-\d\d|UTC", text)
+
+
+def test_programs_time_forced_native_and_lax_too(tmp_path):
+    out = tmp_path / "b.json"
+    impl = "auto" if jax_ext.native_available() else "lax"
+    rc = bench.main(["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
+                     "--rounds", "3", "--pattern", "reused", "--json", str(out),
+                     "--plot", str(tmp_path / "b.png")])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0
+
+
+def test_quick_calibration_writes_a_complete_table(tmp_path, capsys, monkeypatch):
+    """The CI form of `jax-ext-bench --calibrate`: every constant of the shipped table is
+    fitted and written with what it was fitted on (numbers not asserted)."""
+    import importlib.util
+
+    import pytest
+    from jax_ext import _cost_table
+    if not jax_ext.native_available():
+        pytest.skip("the calibration times the kernels")
+    out = tmp_path / "table.py"
+    assert bench.main(["--calibrate", "--quick", "--table", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    spec = importlib.util.spec_from_file_location("fitted_table", out)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert set(mod.TABLE) == set(_cost_table.TABLE) == set(mod.FITTED_ON)
+    assert all(isinstance(v, float) and v >= 0 for v in mod.TABLE.values())
+    assert mod.POOL_MIN_BYTES == _cost_table.POOL_MIN_BYTES and str(tmp_path) not in out.read_text()
+    # without --table it prints the table and the path it would replace (not re-timed)
+    from jax_ext.bench import calibrate
+    monkeypatch.setattr(calibrate, "calibrate", lambda quick, log: (mod.TABLE, mod.FITTED_ON))
+    assert bench.main(["--calibrate", "--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "TABLE: dict[str, float] = {" in text and "--table " in text.splitlines()[-1]
+
+
+def test_call_orders_are_balanced():
+    """Each side runs in each position, and right after each other side, equally often
+    (programs time four sides: a fixed order would favour whichever follows whom)."""
+    from collections import Counter
+
+    from jax_ext.bench.timing import _orders
+    for n in (2, 3, 4):
+        rows = _orders(n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        places = Counter((p, s) for r in rows for p, s in enumerate(r))
+        assert len(places) == n * n and len(set(places.values())) == 1, (n, places)
+        pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, (n, pairs)

@@ -2,7 +2,7 @@
 jax_ext call (ours) vs jnp.where / jnp.take (theirs), so the ratio shows what a user's
 program feels -- the op among the ops around it -- not a standalone call.
 
-Each case is a dict like the standalone ones (bench.py); ``exact`` is False because XLA
+Each case is a dict like the standalone ones (select.py); ``exact`` is False because XLA
 may round the ops around the select/gather differently once their fusions differ, so the
 two programs are compared with a tolerance there.
 """
@@ -21,7 +21,7 @@ def _case(name, ours, theirs, make_args, *, nbytes=0, elements=0, dtype="float32
         args = make_args(np.random.default_rng(0))
         return jax.jit(ours), jax.jit(theirs), tuple(jnp.asarray(a) for a in args)
     return dict(name=name, op="program", dtype=dtype, elements=elements, bytes=nbytes,
-                make=make, chain=False, exact=False)
+                make=make, chain=False, exact=False, impls=True)
 
 
 def _vec(n, dtype=np.float32):
@@ -195,5 +195,160 @@ def _scan(quick):
                   rnn(jnp_rows), args)]
 
 
+def _issue20(quick):
+    """The programs of issue 20: where the kernels win inside real programs."""
+    out = []
+
+    # DLRM-like step: one lookup in each of 4 tables, concat, dense, tanh, loss; the
+    # gradient w.r.t. the tables (a scatter-add into each whole table) and the weights.
+    T, V, D, B = (4, 50000, 32, 2048) if quick else (4, 250000, 32, 8192)
+
+    def dlrm(g):
+        def loss(*a):  # T tables, w, ids, y
+            tables, (w, ids, y) = a[:T], a[T:]
+            e = jnp.concatenate([g(t, ids[:, k]) for k, t in enumerate(tables)], axis=1)
+            return jnp.mean((jnp.tanh(e @ w)[:, 0] - y) ** 2)
+        return jax.grad(loss, argnums=tuple(range(T + 1)))
+
+    def dlrm_args(rng):
+        return (*(rng.standard_normal((V, D)).astype(np.float32) * 0.1 for _ in range(T)),
+                rng.standard_normal((T * D, 1)).astype(np.float32) * 0.1,
+                rng.integers(0, V, (B, T)).astype(np.int32),
+                rng.standard_normal(B).astype(np.float32))
+    out.append(_case(f"prog DLRM-like grad {T} tables {V}x{D} B={B}", dlrm(_gather), dlrm(_take),
+                     dlrm_args))
+
+    # masked mean pooling, the mask an argument
+    Bp, S, H = (16, 256, 128) if quick else (64, 512, 256)
+
+    def pool(w):
+        def f(h, mask):
+            count = jnp.maximum(mask.sum(1, keepdims=True), 1).astype(h.dtype)
+            return w(mask[..., None], h, 0.0).sum(1) / count
+        return f
+
+    def pool_args(rng):
+        lens = rng.integers(1, S + 1, Bp)
+        return (rng.standard_normal((Bp, S, H)).astype(np.float32),
+                np.arange(S)[None, :] < lens[:, None])
+    out.append(_case(f"prog masked mean pooling {Bp}x{S}x{H}", pool(jax_ext.where),
+                     pool(jnp.where), pool_args))
+
+    # GNN message passing with its gradient: gather source nodes' features per edge,
+    # weight, sum into destination nodes, a dense layer; grad w.r.t. features and weights.
+    N, E, F = (10000, 80000, 32) if quick else (50000, 400000, 64)
+
+    def gnn(g):
+        def loss(h, w, src, dst, ew):
+            msg = g(h, src) * ew[:, None]
+            agg = jax.ops.segment_sum(msg, dst, num_segments=N)
+            return jnp.sum(jnp.tanh(agg @ w) ** 2)
+        return jax.grad(loss, argnums=(0, 1))
+
+    def gnn_args(rng):
+        return (rng.standard_normal((N, F)).astype(np.float32),
+                rng.standard_normal((F, F)).astype(np.float32) / np.sqrt(F),
+                rng.integers(0, N, E).astype(np.int32), rng.integers(0, N, E).astype(np.int32),
+                rng.random(E).astype(np.float32))
+    out.append(_case(f"prog GNN message passing grad N={N} E={E} F={F}", gnn(_gather),
+                     gnn(_take), gnn_args))
+
+    # paged KV-cache decode: gather each sequence's blocks by its block table, attention
+    Sq, NB, BS, Hd = (8, 16, 16, 128) if quick else (32, 32, 16, 128)
+    pool_blocks = 2 * Sq * NB
+
+    def paged(g):
+        def f(q, kpool, vpool, table):
+            flat = table.reshape(-1)
+            k = g(kpool, flat).reshape(Sq, NB * BS, Hd)
+            v = g(vpool, flat).reshape(Sq, NB * BS, Hd)
+            p = jax.nn.softmax(jnp.einsum("sd,skd->sk", q, k) / np.sqrt(Hd).astype(np.float32))
+            return jnp.einsum("sk,skd->sd", p, v)
+        return f
+
+    def paged_args(rng):
+        return (rng.standard_normal((Sq, Hd)).astype(np.float32),
+                rng.standard_normal((pool_blocks, BS, Hd)).astype(np.float32),
+                rng.standard_normal((pool_blocks, BS, Hd)).astype(np.float32),
+                rng.permutation(pool_blocks)[:Sq * NB].reshape(Sq, NB).astype(np.int32))
+    out.append(_case(f"prog paged KV-cache decode {Sq}x{NB} blocks of {BS}x{Hd}", paged(_gather),
+                     paged(_take), paged_args))
+
+    # vmap of a gather over an argument table (jax_ext's batching rule adds a size-1
+    # batch dim to the table)
+    Vv, Dv, nb, ni = (50000, 64, 8, 2048) if quick else (200000, 64, 16, 4096)
+
+    def vgather(g):
+        return lambda t, i: jax.vmap(lambda i: g(t, i))(i)
+
+    def vg_args(rng):
+        return (rng.standard_normal((Vv, Dv)).astype(np.float32),
+                rng.integers(0, Vv, (nb, ni)).astype(np.int32))
+    out.append(_case(f"prog vmap gather over an argument table {Vv}x{Dv} {nb}x{ni}",
+                     vgather(_gather), vgather(_take), vg_args))
+    return out
+
+
+def _more(quick):
+    """Three more, where a gather, scatter-add or select carries much of the work."""
+    out = []
+
+    # retrieval: rescore each query's candidate ids against a corpus of embeddings, keep
+    # the best (candidate generation's second stage)
+    C, D, Bq, K = (100000, 64, 64, 256) if quick else (1000000, 64, 256, 512)
+
+    def rescore(g):
+        def f(corpus, q, cand):
+            e = g(corpus, cand.reshape(-1)).reshape(Bq, K, D)
+            scores = jnp.einsum("bd,bkd->bk", q, e)
+            return lax.top_k(scores, 8)[0]
+        return f
+
+    def rescore_args(rng):
+        return (rng.standard_normal((C, D)).astype(np.float32),
+                rng.standard_normal((Bq, D)).astype(np.float32),
+                rng.integers(0, C, (Bq, K)).astype(np.int32))
+    out.append(_case(f"prog retrieval rescoring corpus {C}x{D} {Bq}x{K} candidates",
+                     rescore(_gather), rescore(_take), rescore_args))
+
+    # graph: GraphSAGE-style sampled-neighbor mean (missing neighbors masked out with a
+    # select) and its gradient w.r.t. the features (a scatter-add)
+    N, F, Bn, fan = (20000, 64, 1024, 16) if quick else (100000, 128, 4096, 25)
+
+    def sage(g, w):
+        def loss(h, nbr, ok):
+            x = g(h, nbr.reshape(-1)).reshape(Bn, fan, F)
+            x = w(ok[..., None], x, 0.0).sum(1) / jnp.maximum(ok.sum(1, keepdims=True), 1)
+            return jnp.sum(jnp.tanh(x) ** 2)
+        return jax.grad(loss)
+
+    def sage_args(rng):
+        return (rng.standard_normal((N, F)).astype(np.float32),
+                rng.integers(0, N, (Bn, fan)).astype(np.int32), rng.random((Bn, fan)) < 0.8)
+    out.append(_case(f"prog GraphSAGE neighbor mean grad N={N} F={F} {Bn}x{fan}",
+                     sage(_gather, jax_ext.where), sage(_take, jnp.where), sage_args))
+
+    # decoding: one beam-search step reorders the KV cache rows by each beam's parent and
+    # masks finished beams' logits
+    Bb, L, Hc, Vo = (32, 256, 256, 8192) if quick else (64, 512, 512, 32000)
+
+    def beam(g, w):
+        def f(cache, parents, finished, logits):
+            flat = cache.reshape(Bb, L * Hc)
+            cache = g(flat, parents).reshape(Bb, L, Hc)
+            logits = w(finished[:, None], jnp.float32(-1e9), logits)
+            return cache, jnp.argmax(logits, -1)
+        return f
+
+    def beam_args(rng):
+        return (rng.standard_normal((Bb, L, Hc)).astype(np.float32),
+                rng.integers(0, Bb, Bb).astype(np.int32), rng.random(Bb) < 0.25,
+                rng.standard_normal((Bb, Vo)).astype(np.float32))
+    out.append(_case(f"prog beam-search cache reorder {Bb}x{L}x{Hc} vocab {Vo}",
+                     beam(_gather, jax_ext.where), beam(_take, jnp.where), beam_args))
+    return out
+
+
 def cases(quick: bool):
-    return _chains(quick) + _attention(quick) + _gathers(quick) + _scan(quick)
+    return (_chains(quick) + _attention(quick) + _gathers(quick) + _scan(quick)
+            + _issue20(quick) + _more(quick))

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ._gather import gather
-from ._select import where
+from .._gather import gather
+from .._select import where
 
 _FLAG = "--xla_force_host_platform_device_count"
 

@@ -1,4 +1,4 @@
-"""Benchmark cases for gather, called from jax_ext.bench (same table/JSON/plot).
+"""Benchmark cases for gather (same table, JSON and plot as the rest).
 
 Each case: ``make()`` returns (ours, reference, args), both already ``jax.jit``-ed and
 taking ``*args``; ``bytes`` counts the bytes read and written (index included), for GB/s.
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._gather import gather
+from .._gather import gather
 
 
 def _index(rng, rows, n):

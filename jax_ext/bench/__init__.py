@@ -1,0 +1,17 @@
+"""The benchmark, ``jax-ext-bench``: jax_ext against the jnp built-ins, side by side, in
+one process, and the calibration of implementation "auto"'s cost model
+(``jax-ext-bench --calibrate``).
+
+Modules: ``cli`` (the command), ``timing`` (alternating calls), ``report`` (table, machine
+header, plot), the cases per op (``select``, ``gather``), whole ``programs``, ``sharded``
+cases, and ``calibrate``.
+"""
+from __future__ import annotations
+
+from .cli import all_cases, main
+from .report import COLUMNS, format_table, machine_info
+from .select import select_cases
+from .timing import _host_side, measure
+
+__all__ = ["main", "all_cases", "COLUMNS", "format_table", "machine_info", "select_cases",
+           "measure", "_host_side"]

@@ -1,0 +1,170 @@
+"""The main job: jax_ext against the jnp built-ins, side by side, in one process.
+
+    jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
+                  [--impl auto|native|lax] [--json bench.json] [--plot bench.png]
+                  [--report benchmark.md]
+    jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
+
+Each case jits both functions, checks they agree bit for bit, then times them call by
+call, alternating (ours theirs, theirs ours, ...): machine noise hits both alike, and
+neither side runs only after itself (back-to-back calls of one function leave the
+machine in a state of their own: threads awake, caches and a freed buffer of the right
+size). A round is enough such pairs for 30 ms (10 ms with --quick). Two calling
+patterns are timed:
+
+* reused: the same argument arrays every call (a donated operand is fed back from the
+  previous result);
+* fresh: every call gets arguments made right before it from numpy
+  (``jax.device_put`` of a host copy, the way ``jnp.asarray(x_numpy)`` makes them), as
+  most user code does. The transfer is waited for before the clock starts, so the
+  time is the call's own, including what a fresh buffer costs it (page faults, a copy
+  XLA inserts when a donated buffer cannot be reused);
+* loop (``--pattern loop``, not in the default run): the same arguments, but each
+  side's calls back to back, then the other's, as a loop that calls one op and nothing
+  else. Read it as a bound, not as a program: XLA's loops keep its thread pool awake
+  from one call to the next there, which no program with other work in between sees.
+
+Per round the ratio theirs/ours of the summed call times is taken (> 1: jax_ext is
+faster); a row reports the median ratio and its spread (min-max of the per-round
+ratios), the median times, and ``spread``: (max - min) / median of our per-round
+times. Gather rows also carry onnxruntime's CPU ``Gather`` (when installed: ``pip
+install '.[bench]'``), timed in turn with the two jitted functions, and a
+``numpy.copyto`` of the result's bytes into a reused buffer, the copy bandwidth the
+machine gives in the same rounds. ``faults`` is the process's page faults per call,
+ours/theirs (median over rounds): a result that glibc maps fresh shows up there, on
+whichever side it happens. Writes a JSON file and, when matplotlib is installed, a plot.
+
+Besides standalone calls, whole jitted programs (``prog ...`` rows) are timed, each
+written twice, identical but for the jax_ext call vs jnp.where / jnp.take: what a user's
+program feels. By default jax_ext runs as users get it, ``implementation("auto")``; the
+``ran`` column says what ran at each call site (native or lax; ``jax_ext.explain``).
+Program rows also time the same program under forced native and forced lax in the same
+alternation (the ``native`` and ``lax`` columns: jnp time / that time), so auto can be
+judged against the better of the two. ``--impl native`` / ``--impl lax`` force one
+everywhere.
+
+Without the compiled module this refuses to run (exit status 2) unless ``--impl lax``
+asks for the lax fallback explicitly: lax timings must not pass for the native ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax_ext
+
+from .report import format_table, machine_info, plot as _plot, write_report
+from .select import select_cases
+from .timing import measure
+
+
+def all_cases(quick: bool, devices: int = 0):
+    from . import gather, programs
+    cases = select_cases(quick)
+    if devices > 1:
+        from . import sharded
+        cases += sharded.cases(quick, devices)
+    return cases + gather.cases(quick) + programs.cases(quick)
+
+
+def _where(path: str) -> str:
+    here = os.path.dirname(os.path.abspath(path)) == os.getcwd()
+    return f"{path} (in the current directory)" if here else path
+
+
+def main(argv=None):
+    # prog: the command users run (`python -m jax_ext.bench` from a clone's root would
+    # import the source folder, which has no compiled module).
+    p = argparse.ArgumentParser(prog="jax-ext-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller sizes, 7 rounds")
+    p.add_argument("--only", default="", help="run the cases whose name contains this")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating timing rounds (at least 3; default 15, --quick 7)")
+    p.add_argument("--pattern", choices=("both", "reused", "fresh", "loop"), default="both",
+                   help="calling pattern(s) to time (default both: reused and fresh; "
+                        "loop: each side's calls back to back)")
+    p.add_argument("--impl", choices=("auto", "native", "lax"), default="auto",
+                   help="the jax_ext implementation measured: 'auto' (default, what users get: "
+                        "native or lax per call site), 'native' forces the kernels everywhere, "
+                        "'lax' benchmarks the fallback")
+    p.add_argument("--json", default="bench.json",
+                   help="where to write the results (default: bench.json in the current "
+                        "directory)")
+    p.add_argument("--plot", default="bench.png",
+                   help="where to draw the plot (matplotlib; default: bench.png in the "
+                        "current directory)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    p.add_argument("--report", default=None, metavar="PATH",
+                   help="also write the table as Markdown, under a header naming the machine "
+                        "(CPU, cores, jax/jaxlib, allocator settings, patterns), to PATH "
+                        "(the docs' page: --report docs/_generated/benchmark.md)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="instead of the benchmark: time the kernels and XLA's loops on a grid, "
+                        "fit the constants of the cost model behind implementation 'auto' and "
+                        "write them (with --quick: a smaller grid, for CI; see --table; --report "
+                        "writes the table as Markdown)")
+    p.add_argument("--table", default=None, metavar="PATH",
+                   help="with --calibrate: where to write the fitted table (default: "
+                        "print it, with the path of the package's table it would replace)")
+    p.add_argument("--devices", type=int, default=0,
+                   help="also run the sharded cases (names start with 'shard') on N host "
+                        "devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    a = p.parse_args(argv)
+    if a.impl != "lax" and not jax_ext.native_available():
+        why = jax_ext.native_error() or "unknown reason"
+        print(f"jax_ext.bench: the native module is not loaded ({why}).\n"
+              "This benchmark measures the C++ handlers; without them "
+              "every jax_ext call runs the lax fallback, and those timings must not pass for "
+              "the native ones.\nFix: build and install the extension (see the README's "
+              "'Supported versions and dependencies'), or pass --impl lax to benchmark the "
+              "lax fallback on purpose.", file=sys.stderr)
+        return 2
+    if a.calibrate:
+        from . import calibrate
+        return calibrate.main(quick=a.quick, out=a.table, report=a.report)
+    if a.devices > 1:  # before anything starts jax's backends
+        from . import sharded
+        sharded.force_host_devices(a.devices, argv)
+    rounds = max(3, a.rounds or (7 if a.quick else 15))
+    min_sample = 0.01 if a.quick else 0.03
+    patterns = ("reused", "fresh") if a.pattern == "both" else (a.pattern,)
+    cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]]
+    meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
+                                       loadavg_start=list(os.getloadavg()))
+    native = "native module loaded" if meta["native"] else "NO native module"
+    print(f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {native} | {meta['date']} | "
+          f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
+          f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {len(cases)} cases x "
+          f"{len(patterns)} patterns, {rounds} alternating rounds | "
+          f"load {meta['loadavg_start'][0]:.1f}"
+          + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()),
+          flush=True)
+    rows = []
+    with jax_ext.implementation(a.impl):
+        for i, case in enumerate(cases):
+            print(f"[{i + 1}/{len(cases)}] {case['name']} ...", end="", flush=True,
+                  file=sys.stderr)
+            for r in measure(case, rounds, min_sample, patterns):
+                print(f" {r['pattern']} {r['ratio']:.2f}x", end="", flush=True, file=sys.stderr)
+                rows.append({k: v for k, v in case.items() if not callable(v)} | r)
+            print(file=sys.stderr)
+    meta["loadavg_end"] = list(os.getloadavg())
+    print(format_table(rows))
+    if a.markdown:
+        print()
+        print(format_table(rows, markdown=True))
+    if a.report:
+        write_report(rows, meta, a.report)
+        print(f"wrote {_where(a.report)}")
+    with open(a.json, "w") as f:
+        json.dump(dict(meta=meta, results=rows), f, indent=1)
+    # The last lines say where the outputs went (the current directory unless told).
+    print(f"wrote {_where(a.json)}")
+    if _plot(rows, meta, a.plot):
+        print(f"wrote {_where(a.plot)}")
+    ok = all(r["agrees"] for r in rows) and all(
+        r.get("ort_agrees") is not False for r in rows)
+    return 0 if ok else 1

@@ -1,0 +1,171 @@
+"""The results table (text or Markdown), the machine it ran on, and the plot."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import jax
+import numpy as np
+
+import jax_ext
+
+
+def _fmt_t(s):
+    if s is None:
+        return "-"
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def _fmt_ratio(r, lo, hi):
+    return "-" if r is None else f"{r:.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
+def _fmt_x(r):
+    return "-" if r is None else f"{r:.2f}x"
+
+
+# (header, width, cell(row) -> str). A list, so more columns can be added in one place.
+COLUMNS = [
+    ("case", -56, lambda r: r["name"]),
+    ("calls", -6, lambda r: r["pattern"]),
+    ("jax_ext", 11, lambda r: _fmt_t(r["ours_s"])),
+    ("spread", 6, lambda r: f"{r['spread'] * 100:.0f}%"),
+    ("reference", 11, lambda r: _fmt_t(r["ref_s"])),
+    ("ratio [min-max]", 20, lambda r: _fmt_ratio(r["ratio"], r["ratio_min"], r["ratio_max"])),
+    ("vs onnxruntime", 20,
+     lambda r: _fmt_ratio(r.get("ort_ratio"), r.get("ort_ratio_min"), r.get("ort_ratio_max"))),
+    ("of copy", 7, lambda r: "-" if r.get("copy_frac") is None else f"{r['copy_frac'] * 100:.0f}%"),
+    ("GB/s", 6, lambda r: f"{r['gbps']:.1f}" if r["gbps"] else "-"),
+    ("faults", 11, lambda r: "-" if r.get("faults") is None else
+     f"{r['faults']:.0f}/{r['ref_faults']:.0f}"),
+    ("agrees", 6, lambda r: ("NO" if not r["agrees"] else
+                             "exact" if r.get("exact", True) else "close")),
+    ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
+    ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
+    ("ran", -28, lambda r: r["picked"]),
+]
+
+
+def format_table(rows, columns=COLUMNS, markdown=False):
+    if markdown:
+        lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+                 "|" + "|".join("---" if w < 0 else "---:" for _, w, _ in columns) + "|"]
+        lines += ["| " + " | ".join(f(r) for _, _, f in columns) + " |" for r in rows]
+        return "\n".join(lines)
+
+    def line(cells):
+        return "  ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}"
+                         for c, (_, w, _) in zip(cells, columns))
+    head = line([h for h, _, _ in columns])
+    return "\n".join([head, "-" * len(head)] + [line([f(r) for _, _, f in columns]) for r in rows])
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(impl: str) -> dict:
+    from importlib.metadata import version
+    cores: int | None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    try:
+        import onnxruntime
+        ort = onnxruntime.__version__
+    except ImportError:
+        ort = None
+    return dict(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                cpu=_cpu_model(), cores=cores, machine=platform.machine(),
+                jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
+                onnxruntime=ort, jax_ext=jax_ext.__version__,
+                native=jax_ext.native_available(),
+                # glibc's allocator settings change what every large result costs (README)
+                malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
+
+
+def plot(rows, meta, path) -> bool:
+    """Draws the plot to `path`; False (and says why) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install '.[bench]'): no plot")
+        return False
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1.4 + 0.3 * max(8, len(rows))),
+                                 gridspec_kw=dict(width_ratios=[1, 1.4]))
+    # Left: throughput against size for the f32 select sweep, both implementations.
+    for pattern, mark in (("reused", "-"), ("fresh", ":")):
+        f32 = [r for r in rows if r["name"].startswith("select f32 2^") and r["pattern"] == pattern]
+        if f32:
+            xs = [r["elements"] for r in f32]
+            ax.plot(xs, [r["bytes"] / r["ours_s"] / 1e9 for r in f32], "o" + mark,
+                    label=f"jax_ext.select ({pattern})")
+            ax.plot(xs, [r["bytes"] / r["ref_s"] / 1e9 for r in f32], "s" + mark,
+                    label=f"jax.jit(jnp.where) ({pattern})")
+    if ax.lines:
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("result elements (float32)")
+    ax.set_ylabel("GB/s (bytes read + written / median time)")
+    ax.set_title("select throughput against size")
+    # Right: the speed ratio of every row with its min-max spread (> 1: jax_ext is faster).
+    names = [f"{r['name']} ({r['pattern']}) [{r['picked']}]" for r in rows][::-1]
+    ratios = [r["ratio"] for r in rows][::-1]
+    err = [[r["ratio"] - r["ratio_min"] for r in rows][::-1],
+           [r["ratio_max"] - r["ratio"] for r in rows][::-1]]
+    bx.barh(names, ratios, xerr=err, color=["tab:green" if v >= 1 else "tab:red" for v in ratios],
+            error_kw=dict(lw=0.7))
+    bx.axvline(1.0, color="k", lw=0.8)
+    bx.set_xscale("log", base=2)
+    bx.set_xlabel("reference time / jax_ext time (log scale; bars: min-max over rounds)")
+    bx.set_title("speed-up over the jnp built-in, per case")
+    bx.tick_params(axis="y", labelsize=6)
+    for y, v in enumerate(ratios):
+        bx.annotate(f"{v:.2f}x", (v, y), xytext=(3, -3), textcoords="offset points", fontsize=6)
+    fig.suptitle(f"jax_ext {meta['jax_ext']} ({meta['implementation']}) | {meta['date']} | "
+                 f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']}",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def header_lines(meta) -> list[str]:
+    """What a reader needs to judge the numbers: the machine, the versions, the allocator
+    settings and the calling patterns. No paths and no dates (the docs include it)."""
+    malloc = ", ".join(f"`{k}={v}`" for k, v in sorted(meta["malloc_env"].items()))
+    return [
+        f"- machine: {meta['cpu']}, {meta['cores']} cores ({meta['machine']})",
+        f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numpy {meta['numpy']}, onnxruntime "
+        f"{meta['onnxruntime'] or 'not installed'}; jax_ext {meta['jax_ext']} "
+        f"({'native module loaded' if meta['native'] else 'no native module'})",
+        f"- glibc allocator: {malloc or 'default settings (no MALLOC_* variable)'}",
+        f"- implementation: {meta['implementation']}; calling patterns: "
+        f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
+        f"{' (--quick sizes)' if meta['quick'] else ''}",
+        f"- load average at start/end: {meta['loadavg_start'][0]:.1f} / "
+        f"{meta.get('loadavg_end', meta['loadavg_start'])[0]:.1f}",
+    ]
+
+
+def write_report(rows, meta, path) -> None:
+    """The results table as Markdown under its machine header, to `path`."""
+    text = "\n".join(["Benchmark run (`jax-ext-bench --report PATH` writes this page):", "",
+                      *header_lines(meta), "", format_table(rows, markdown=True), ""])
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)

@@ -1,0 +1,225 @@
+"""Timing: each side called in alternation, page faults counted per call, one result row
+per calling pattern (the package docstring says why alternate)."""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+try:
+    import resource  # page faults per call; Unix only
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_ext
+
+
+def _faults() -> int:
+    """Page faults of the whole process so far (every thread: XLA's pool included)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
+
+
+def _fresh(host, like):
+    """New device arrays made from host copies, placed (and sharded) like `like`, with
+    their transfers finished."""
+    out = tuple(jax.device_put(np.array(h, copy=True), a.sharding) for h, a in zip(host, like))
+    jax.block_until_ready(out)
+    return out
+
+
+def _jax_side(fn, args, pattern, host, like, chain, impl=None):
+    """One timed call of a jitted function per call of the returned closure, which
+    returns (seconds, page faults). "fresh": arguments made right before it (untimed);
+    otherwise `args`, with a donated operand fed back from the previous result. `impl`:
+    call it under ``jax_ext.implementation(impl)`` (entered before the clock starts)."""
+    state = {"args": args}
+
+    def call():
+        a = _fresh(host, like) if pattern == "fresh" else state["args"]
+        with jax_ext.implementation(impl) if impl else contextlib.nullcontext():
+            f0 = _faults()
+            t0 = time.perf_counter()
+            out = fn(*a)
+            jax.block_until_ready(out)
+            dt = time.perf_counter() - t0
+            df = _faults() - f0
+        if pattern != "fresh" and chain:  # donated: the output is the next operand
+            state["args"] = (a[0], out) + tuple(a[2:])
+        return dt, df
+    return call
+
+
+def _host_side(fn, host, pattern):
+    """The same for a host function (onnxruntime, numpy) on numpy arrays."""
+    def call():
+        a = tuple(np.array(h, copy=True) for h in host) if pattern == "fresh" else host
+        f0 = _faults()
+        t0 = time.perf_counter()
+        fn(*a)
+        dt = time.perf_counter() - t0
+        return dt, _faults() - f0
+    return call
+
+
+def _orders(n):
+    """A balanced (Williams) Latin square of n sides: n orders (2n for odd n) in which
+    each side takes each position once and follows each other side once."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows + ([row[::-1] for row in rows] if n % 2 else [])
+
+
+def _time_sides(calls, pattern, iters, start=0):
+    """Mean time and page faults per call of each side over `iters` calls each.
+    "reused" and "fresh": call by call, the order of the sides cycling through the rows
+    of a balanced Latin square (ours theirs, theirs ours, ...; _orders), so each side
+    runs in each position and after each other side equally often, and none inherits a
+    machine state (awake threads, warm caches, a freed buffer of the right size) that only
+    its own previous call leaves.
+    "loop": each side's calls back to back, as a loop that calls one op and nothing
+    else."""
+    totals = [0.0] * len(calls)
+    faults = [0] * len(calls)
+    if pattern == "loop":
+        order = [s for s in range(len(calls)) for _ in range(iters)]
+    else:
+        perms = _orders(len(calls))
+        # `start`: where in the cycle of orders this call begins, so that rounds of fewer
+        # calls than there are orders still go through all of them, round after round
+        order = [s for k in range(start, start + iters) for s in perms[k % len(perms)]]
+    for s in order:
+        dt, df = calls[s]()
+        totals[s] += dt
+        faults[s] += df
+    return [t / iters for t in totals], [f / iters for f in faults]
+
+
+def _copy_args(args):
+    # Donated operands are consumed: each side needs its own copies.
+    return tuple(jnp.array(a, copy=True) for a in args)
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+        a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+
+
+def _agree(got, want, exact: bool) -> bool:
+    """Standalone cases must agree bit for bit; whole programs within rounding (XLA may
+    round the ops around the select/gather differently once their fusions differ)."""
+    a, b = jax.tree.leaves(got), jax.tree.leaves(want)
+    if exact:
+        return len(a) == len(b) and all(_same_bits(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        np.asarray(x).shape == np.asarray(y).shape and np.allclose(
+            np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=2e-2, atol=1e-4,
+            equal_nan=True) for x, y in zip(a, b))
+
+
+def _picked(fn, args) -> str:
+    """What ran at each jax_ext call site of `fn` (native or lax), in call order."""
+    try:
+        return " ".join(f"{d.op}:{d.impl}" for d in jax_ext.explain(fn, *args))
+    except Exception as e:  # a report, never a reason to stop the benchmark
+        return f"? ({type(e).__name__})"
+
+
+def _stats(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return dict(median=statistics.median(xs), min=min(xs), max=max(xs), q1=q[0], q3=q[2])
+
+
+def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")):
+    """Times one case in each calling pattern; returns one result dict per pattern."""
+    # A case of 64-bit dtypes is made, traced and timed with x64 on (see _select_case).
+    with jax.enable_x64(True) if case.get("x64") else contextlib.nullcontext():
+        return _measure(case, rounds, min_sample_s, patterns)
+
+
+def _measure(case, rounds, min_sample_s, patterns):
+    ours, theirs, args = case["make"]()
+    if case["op"] == "select" and args[1].dtype.name != case["dtype"]:
+        raise RuntimeError(f"{case['name']}: made {args[1].dtype} arrays, not {case['dtype']}")
+    chain = case["chain"]
+    host = tuple(np.asarray(a) for a in args)
+    # Agreement first (bitwise); donated inputs are consumed, so copy.
+    got = ours(*_copy_args(args))
+    same = _agree(got, theirs(*_copy_args(args)), case.get("exact", True))
+    picked = _picked(ours, args)
+    ort = case["onnx"](host) if case.get("onnx") else None
+    ort_same = None
+    if ort is not None:
+        ort_fn, ort_host, ort_check = ort
+        ort_same = bool(ort_check(np.asarray(got), ort_fn(*ort_host)))
+    copy = None
+    if case.get("copy_bytes"):
+        csrc = np.ones(case["copy_bytes"], np.uint8)
+        cdst = np.zeros_like(csrc)
+        copy = lambda: np.copyto(cdst, csrc)  # noqa: E731
+    results = []
+    for pattern in patterns:
+        # onnxruntime takes its turn among the calls (its threads told not to spin after
+        # a run, see gather.py); numpy's copy, a bandwidth yardstick, runs apart.
+        calls = [_jax_side(ours, _copy_args(args), pattern, host, args, chain),
+                 _jax_side(theirs, _copy_args(args), pattern, host, args, chain)]
+        if ort is not None:
+            calls.append(_host_side(ort_fn, ort_host, pattern))
+        # Programs also time forced native and forced lax, alternating with the rest, so
+        # that auto can be judged against the better of the two (native_ratio, lax_ratio).
+        forced = ("native", "lax") if case.get("impls") else ()
+        first_forced = len(calls)
+        for impl in forced:
+            calls.append(_jax_side(ours, _copy_args(args), pattern, host, args, chain, impl))
+        # warm-up (compiles), then the sample size: enough calls for min_sample_s
+        _time_sides(calls, pattern, 2)
+        iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
+        t_ours, t_ref, t_ort, t_copy, f_ours, f_ref = [], [], [], [], [], []
+        t_forced: list[list[float]] = [[] for _ in forced]
+        for r in range(rounds):
+            ts, fs = _time_sides(calls, pattern, iters, start=r * iters)
+            for k in range(len(forced)):
+                t_forced[k].append(ts[first_forced + k])
+            t_ours.append(ts[0])
+            t_ref.append(ts[1])
+            f_ours.append(fs[0])
+            f_ref.append(fs[1])
+            if ort is not None:
+                t_ort.append(ts[2])
+            if copy is not None:
+                t_copy.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0][0])
+        del calls
+        ratio = _stats([r / o for o, r in zip(t_ours, t_ref)])
+        mo = statistics.median(t_ours)
+        row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
+                   ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
+                   ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
+                   spread=(max(t_ours) - min(t_ours)) / mo,
+                   gbps=case["bytes"] / mo / 1e9, agrees=bool(same), picked=picked,
+                   iters=iters, rounds=rounds, faults=statistics.median(f_ours),
+                   ref_faults=statistics.median(f_ref), ort_s=None, ort_ratio=None,
+                   ort_ratio_min=None, ort_ratio_max=None, ort_agrees=ort_same,
+                   copy_s=None, copy_frac=None)
+        if t_ort:
+            r = _stats([w / o for o, w in zip(t_ours, t_ort)])
+            row.update(ort_s=statistics.median(t_ort), ort_ratio=r["median"],
+                       ort_ratio_min=r["min"], ort_ratio_max=r["max"])
+        for impl, tf in zip(forced, t_forced):
+            row[f"{impl}_ratio"] = _stats([r / o for o, r in zip(tf, t_ref)])["median"]
+            row[f"{impl}_s"] = statistics.median(tf)
+        if t_copy:
+            # our bandwidth over numpy's copy bandwidth, per round: 1.0 = as fast as a copy
+            r = _stats([c / o for o, c in zip(t_ours, t_copy)])
+            row.update(copy_s=statistics.median(t_copy), copy_frac=r["median"])
+        results.append(row)
+    return results
