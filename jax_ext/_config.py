@@ -27,9 +27,9 @@ def implementation(name: ImplementationName) -> AbstractContextManager[None]:
     """Choose how the jax_ext calls bound inside the block are lowered.
 
     * ``"auto"`` (the default): per call site, while the program is lowered for CPU, the
-      native kernel only where it wins in the program around it (operands already in
-      memory, a result nothing would fuse, enough work), the lax path elsewhere; see
-      :func:`explain`.
+      path whose estimated time in the program around it is lower (a measured cost
+      model: bytes moved, what would fuse with each side, fresh page mappings); see
+      :func:`explain`, which prints both estimates.
     * ``"native"``: the C++ FFI kernels on CPU (lax when the native module is not loaded,
       and on every other platform).
     * ``"lax"``: ``lax.select_n`` / ``lax.gather`` everywhere, with the same bits.
