@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jax_ext
-from helpers import ALL_DTYPES, assert_bits_equal, np_select, random_values, special_values
+from helpers import (ALL_DTYPES, IMPLS, assert_bits_equal, np_select, random_values,
+                     special_values)
 from test_gather import ref_gather, row_len
 
 SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 1
@@ -51,12 +52,14 @@ def values(rng, shape, dtype):
 
 
 def native_lax(fn, *args, **kw):
-    """fn natively and through lax, both jitted (cached per implementation)."""
+    """fn under every implementation (native, lax, auto), jitted (cached per
+    implementation); all must agree bit for bit."""
     outs = []
-    for impl in ("native", "lax"):
+    for impl in IMPLS:
         with jax_ext.implementation(impl):
             outs.append(np.asarray(fn(*args, **kw)))
-    assert_bits_equal(outs[0], outs[1])
+    for o in outs[1:]:
+        assert_bits_equal(outs[0], o)
     return outs[0]
 
 
