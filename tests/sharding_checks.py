@@ -59,6 +59,12 @@ def check(name):
 
 
 def same_bits(got, want):
+    if isinstance(got, jax.Array) and not got.is_fully_addressable:  # several processes
+        want = np.asarray(want)
+        assert got.shape == want.shape, (got.shape, want.shape)
+        for shard in got.addressable_shards:
+            same_bits(shard.data, want[shard.index])
+        return
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype,
                                                                 want.shape, want.dtype)
@@ -287,6 +293,13 @@ def np_where(c, x, y):
     return np.where(c, x.view(u), y.view(u)).view(x.dtype)
 
 
+def global_array(a, sharding):
+    """`a` placed by `sharding`, from the same host data in every process (one process
+    or several: each builds only its own shards)."""
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx])
+
+
 def mesh_scope(kind):
     return jax.set_mesh(MESHES[kind]) if kind == "explicit" else contextlib.nullcontext()
 
@@ -296,7 +309,7 @@ def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False):
     local: no collective; twin (the jnp program): no collective the twin does not hold."""
     mesh = MESHES[kind]
     with mesh_scope(kind):
-        args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in arg_specs]
+        args = [global_array(a, NamedSharding(mesh, s)) for a, s in arg_specs]
         with jax_ext.implementation(impl), _auto.recording() as decisions:
             jf = jax.jit(f)
             colls, targets, _ = compiled_info(jf, *args)
@@ -309,10 +322,10 @@ def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False):
         if twin is not None:
             tcolls, _, _ = compiled_info(jax.jit(twin), *args)
             rec["twin_collectives"] = tcolls
-            for o, w in zip(outs, (jax.jit(twin)(*args),) if len(outs) == 1 else
-                            jax.jit(twin)(*args)):
-                if o.dtype == np.float32:  # the jnp program is exact there too
-                    same_bits(o, w)
+            touts = jax.jit(twin)(*args)
+            for t, w in zip((touts,) if len(outs) == 1 else touts, wants):
+                if t.dtype == np.float32:  # the jnp program is exact there too
+                    same_bits(t, w)
             assert set(colls) <= set(tcolls), f"collectives {colls}, jnp program: {tcolls}"
     if local:
         assert not colls, f"collectives {colls}"
@@ -343,6 +356,12 @@ def vgather(s, i):
 
 def vtake(s, i):
     return jax.vmap(lambda s, i: jnp.take(s, i, axis=0))(s, i)
+
+
+def take_loss(t, i):
+    """The jnp twin of sum(gather(t, [0], 0, i) * 2) (jnp.take wraps negative indices)."""
+    return jnp.sum(jnp.take(t, jnp.where(i < 0, t.shape[0], i), axis=0, mode="fill",
+                            fill_value=0) * 2.0)
 
 
 def grad_vmap_want():
@@ -390,8 +409,7 @@ MATRIX = {  # name: (kind, impl) -> record
         kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
         [(i_t, P("x", None)), (g_idx, P())], grad_rows_want(),
         # Explicit axes: jnp.take asks for an out_sharding here; jax_ext.gather takes it.
-        twin=None if kind == "explicit" else jax.grad(lambda t, i: jnp.sum(jnp.take(  # jnp wraps negative indices
-            t, jnp.where(i < 0, 64, i), axis=0, mode="fill", fill_value=0) * 2.0))),
+        twin=None if kind == "explicit" else jax.grad(take_loss)),
     "grad_select_batch_sharded": lambda kind, impl: matrix_case(
         kind, impl, jax.grad(lambda x, y: jnp.sum(jax_ext.where(m_cf, x, y) ** 2),
                              argnums=(0, 1)),
