@@ -115,21 +115,17 @@ def _impls(fn, *args):
 
 
 @functools.cache
-def native_rows(op):
-    """The fewest rows (powers of 4 from 16) at which auto runs op's float32 case
+def native_rows(op, dtype=np.float32):
+    """The fewest rows (powers of 4 from 16) at which auto runs op's case of dtype
     natively: whatever the cost model, the matrix then runs both of its sides."""
     case, fn, _ = OPS[op]
-    rows = 16
-    while rows <= MAX_ROWS[op]:
-        if _impls(jax.jit(fn), *case(rows, np.float32))[-1:] == ["native"]:
+    rows, cap = 16, MAX_ROWS[op] * 4 // np.dtype(dtype).itemsize
+    while rows <= cap:
+        if _impls(jax.jit(fn), *case(rows, dtype))[-1:] == ["native"]:
             return rows
         rows *= 4
-    raise AssertionError(f"auto never ran {op} natively up to {MAX_ROWS[op]} rows")
-
-
-def _rows_for(op, dtype):
-    """Large rows for dtype: as many result bytes as float32's native case."""
-    return max(native_rows(op) * 4 // np.dtype(dtype).itemsize, 1)
+    raise AssertionError(f"auto never ran {op} on {np.dtype(dtype).name} natively up to "
+                         f"{cap} rows")
 
 
 @pytest.mark.parametrize("x64", [True, False], ids=["x64", "x32"])
@@ -155,8 +151,8 @@ def _dtype_id(d):
 def _both_sizes(dtype):
     """select and gather at a small and a large size, four standalone calls in one program
     (auto decides each call site on its own)."""
-    sizes = [("select", SMALL_ROWS), ("select", _rows_for("select", dtype)),
-             ("gather", SMALL_ROWS), ("gather", _rows_for("gather", dtype))]
+    sizes = [("select", SMALL_ROWS), ("select", native_rows("select", dtype)),
+             ("gather", SMALL_ROWS), ("gather", native_rows("gather", dtype))]
     return [(op, OPS[op][0](rows, dtype, seed=k)) for k, (op, rows) in enumerate(sizes)]
 
 
@@ -173,6 +169,8 @@ def test_every_dtype_both_sizes_exact(dtype, impl):
         return outs
 
     flat = [a for _, args in cases for a in args]
+    if impl == "auto":  # each call site on its side of the threshold
+        assert _impls(f, *flat) == ["lax", "native", "lax", "native"]
     with jax_ext.implementation(impl):
         got = jax.jit(f)(*flat)
     for (op, args), g in zip(cases, got):
@@ -288,13 +286,14 @@ def test_issue_snippet_bf16_payload_through_padded_gather():
 
 # --- transforms: vmap and vjp -----------------------------------------------------------
 
+@pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=_dtype_id)
-def test_vmap_select_and_gather_exact(dtype, impl):
-    """vmap with mixed in_axes at both sizes, against a loop of numpy references."""
+def test_vmap_select_and_gather_exact(dtype, impl, size):
+    """vmap with mixed in_axes, against a loop of numpy references."""
     rng = np.random.default_rng(7)
     for op in ("select", "gather"):
-        rows = _rows_for(op, dtype) // 4 + 1
+        rows = SMALL_ROWS if size == "small" else native_rows(op, dtype)
         if op == "select":
             c = rng.integers(0, 2, (rows, 64)).astype(bool)
             x = _values(rng, (rows, 3, 64), dtype)  # batched along axis 1
