@@ -304,9 +304,10 @@ def mesh_scope(kind):
     return jax.set_mesh(MESHES[kind]) if kind == "explicit" else contextlib.nullcontext()
 
 
-def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False):
+def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False, comm=None):
     """f under impl on the mesh `kind`: bits equal to `want` (an array or a tuple);
-    local: no collective; twin (the jnp program): no collective the twin does not hold."""
+    local: no collective; twin (the jnp program): the same bits where it is exact, and no
+    collective the twin does not hold, or, with `comm`, none outside that set."""
     mesh = MESHES[kind]
     with mesh_scope(kind):
         args = [global_array(a, NamedSharding(mesh, s)) for a, s in arg_specs]
@@ -326,7 +327,10 @@ def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False):
             for t, w in zip((touts,) if len(outs) == 1 else touts, wants):
                 if t.dtype == np.float32:  # the jnp program is exact there too
                     same_bits(t, w)
-            assert set(colls) <= set(tcolls), f"collectives {colls}, jnp program: {tcolls}"
+            if comm is None:
+                assert set(colls) <= set(tcolls), f"collectives {colls}, jnp program: {tcolls}"
+    if comm is not None:
+        assert set(colls) <= comm, f"collectives {colls}, expected within {sorted(comm)}"
     if local:
         assert not colls, f"collectives {colls}"
     return rec
@@ -410,6 +414,13 @@ MATRIX = {  # name: (kind, impl) -> record
         [(i_t, P("x", None)), (g_idx, P())], grad_rows_want(),
         # Explicit axes: jnp.take asks for an out_sharding here; jax_ext.gather takes it.
         twin=None if kind == "explicit" else jax.grad(take_loss)),
+    "grad_gather_index_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
+        [(i_t, P()), (g_idx, P("x"))], grad_rows_want(),
+        twin=None if kind == "explicit" else jax.grad(take_loss),  # as above
+        # The rows must meet: jnp all-reduces partial sums, the kernel all-gathers the
+        # cotangent rows (and adds them in index order: deterministic).
+        comm={"all-gather", "all-reduce"}),
     "grad_select_batch_sharded": lambda kind, impl: matrix_case(
         kind, impl, jax.grad(lambda x, y: jnp.sum(jax_ext.where(m_cf, x, y) ** 2),
                              argnums=(0, 1)),

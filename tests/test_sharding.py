@@ -42,7 +42,8 @@ ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_pro
 MATRIX = [
     "select_batch_sharded", "where_scalar_sharded", "vmap_select_batch_sharded",
     "gather_index_sharded", "gather_rows_sharded_exact", "vmap_gather_batch_sharded",
-    "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_select_batch_sharded",
+    "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_gather_index_sharded",
+    "grad_select_batch_sharded",
 ]
 
 
