@@ -679,7 +679,7 @@ def test_without_x64_offsets_travel_as_int32():
         src = jnp.arange(48, dtype=jnp.float32).reshape(4, 3, 4)
         idx = jnp.array([0, 3, 4, 2**31 + 1, 2**32 - 1], jnp.uint32)
         outs = []
-        for impl in ["native", "lax"]:
+        for impl in ["native", "lax", "auto"]:
             with jax_ext.implementation(impl):
                 r = jax_ext.gather(src, [1, -2], 1, idx, num_indices=jnp.uint32(2**32 - 1))
                 assert r.shape == (5, 8)
