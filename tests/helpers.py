@@ -1,4 +1,6 @@
 """Shared test helpers: dtypes, random bit patterns, bitwise comparison."""
+import itertools
+
 import ml_dtypes
 import numpy as np
 
@@ -10,6 +12,11 @@ FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.compl
 # Every test parametrized over IMPLS runs all three: the kernels, the lax path (what other
 # platforms and fused call sites run) and auto (the default, which picks per call site).
 IMPLS = ["native", "lax", "auto"]
+# For property tests that run many examples: each example takes the next pair of IMPLS
+# (native+lax, lax+auto, auto+native), so every pair is compared and each implementation
+# meets two thirds of the examples, at two compilations an example.
+IMPL_PAIRS = itertools.cycle([(IMPLS[k], IMPLS[(k + 1) % len(IMPLS)])
+                              for k in range(len(IMPLS))])
 
 
 def random_values(rng, shape, dtype):

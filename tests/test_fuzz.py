@@ -14,7 +14,6 @@ Examples per test are fixed below (>= 1,000 in all under the "ci" profile); the 
 profile multiplies them (HYPOTHESIS_PROFILE=long).
 """
 import functools
-import itertools
 import os
 
 import jax
@@ -24,7 +23,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jax_ext
-from helpers import (ALL_DTYPES, IMPLS, assert_bits_equal, np_select, random_values,
+from helpers import (ALL_DTYPES, IMPL_PAIRS, assert_bits_equal, np_select, random_values,
                      special_values)
 from test_gather import ref_gather, row_len
 
@@ -53,17 +52,11 @@ def values(rng, shape, dtype):
     return v
 
 
-# Each example runs two implementations, the next pair of IMPLS in turn (native+lax,
-# lax+auto, auto+native): every pair is compared, each implementation meets two thirds of
-# the examples, and an example costs two compilations, as before auto joined the matrix.
-_PAIRS = itertools.cycle([(IMPLS[k], IMPLS[(k + 1) % len(IMPLS)]) for k in range(len(IMPLS))])
-
-
 def native_lax(fn, *args, **kw):
     """fn under the next pair of implementations, jitted (cached per implementation); they
     must agree bit for bit."""
     outs = []
-    for impl in next(_PAIRS):
+    for impl in next(IMPL_PAIRS):  # two compilations an example, as before auto
         with jax_ext.implementation(impl):
             outs.append(np.asarray(fn(*args, **kw)))
     for o in outs[1:]:

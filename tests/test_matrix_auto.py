@@ -106,7 +106,8 @@ OPS = {  # op: (case(rows, dtype), function, reference)
     "scatter_add": (lambda rows, dtype: _scatter_case(rows), _scatter, _scatter_want),
 }
 SMALL_ROWS = 2  # a few hundred bytes: below any threshold worth having
-MAX_ROWS = {"select": 1 << 16, "gather": 1 << 17, "scatter_add": 1 << 18}  # 16 / 12 / 64 MiB at float32
+# The search's end, at float32: 16 / 12 / 64 MiB.
+MAX_ROWS = {"select": 1 << 16, "gather": 1 << 17, "scatter_add": 1 << 18}
 
 
 def _impls(fn, *args):
