@@ -1,4 +1,6 @@
 """Shared test helpers: dtypes, random bit patterns, bitwise comparison."""
+import itertools
+
 import ml_dtypes
 import numpy as np
 
@@ -7,7 +9,14 @@ ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint
               ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
 FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
                 np.complex128]
-IMPLS = ["native", "lax"]
+# Every test parametrized over IMPLS runs all three: the kernels, the lax path (what other
+# platforms and fused call sites run) and auto (the default, which picks per call site).
+IMPLS = ["native", "lax", "auto"]
+# For property tests that run many examples: each example takes the next pair of IMPLS
+# (native+lax, lax+auto, auto+native), so every pair is compared and each implementation
+# meets two thirds of the examples, at two compilations an example.
+IMPL_PAIRS = itertools.cycle([(IMPLS[k], IMPLS[(k + 1) % len(IMPLS)])
+                              for k in range(len(IMPLS))])
 
 
 def random_values(rng, shape, dtype):
@@ -48,10 +57,13 @@ def assert_bits_equal(got, want):
     assert gs == ws, f"shape {gs} != {ws}"
     assert gd == wd, f"dtype {gd} != {wd}"
     if not np.array_equal(g, w):
-        bad = np.nonzero(g != w)[0][:8]
-        raise AssertionError(f"bits differ at byte offsets {bad.tolist()}: "
-                             f"got {np.asarray(got).reshape(-1)[:8]} "
-                             f"want {np.asarray(want).reshape(-1)[:8]}")
+        size = max(gd.itemsize, 1)
+        bad = np.unique(np.nonzero(g != w)[0] // size)
+        hexes = lambda b: " ".join(  # noqa: E731  (little-endian: most significant first)
+            "0x" + b[k * size:(k + 1) * size][::-1].tobytes().hex() for k in bad[:6])
+        raise AssertionError(f"bits differ in {bad.size} of {g.size // size} elements, first "
+                             f"at flat indices {bad[:6].tolist()}: got {hexes(g)}, "
+                             f"want {hexes(w)}")
 
 
 def np_select(cond, x, y, shape):

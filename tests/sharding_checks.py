@@ -1,14 +1,23 @@
 """The multi-device checks of test_sharding.py, run in a child process that was started
-with XLA_FLAGS=--xla_force_host_platform_device_count=4 (jax fixes the device count when
+with XLA_FLAGS=--xla_force_host_platform_device_count=N (jax fixes the device count when
 its backends start, so the rest of the suite keeps one device).
 
-    python tests/sharding_checks.py run OUTDIR    # every check; OUTDIR/results.json,
-                                                  # OUTDIR/*.bin (serialized exports)
-    python tests/sharding_checks.py load OUTDIR   # a fresh process: deserialize, call
+    python tests/sharding_checks.py run OUTDIR     # N=4: the native checks, the exports
+                                                   # (OUTDIR/*.bin) and the matrix;
+                                                   # OUTDIR/results.json
+    python tests/sharding_checks.py load OUTDIR    # N=4, a fresh process: deserialize, call
+    python tests/sharding_checks.py matrix OUTDIR  # any N: the matrix only; OUTDIR/matrix.json
 
 Each check records {ok, error, collectives, targets, spec} under its name. "collectives"
 and "targets" come from the compiled HLO (jit(f).lower(...).compile().as_text()).
+
+The matrix runs every check under "native", "lax" and "auto", on an auto-axes mesh
+(``Mesh(...)``) and an explicit-axes one (``jax.make_mesh``, under ``jax.set_mesh``):
+batch-, row- and index-sharded operands; forward, grad and vmap. Each compares with numpy
+bit for bit; where a check says so, its compiled program holds no collective, or none
+that the same program written with jnp does not hold too.
 """
+import contextlib
 import json
 import os
 import re
@@ -18,11 +27,13 @@ import traceback
 import numpy as np
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 jax.config.update("jax_enable_x64", True)  # gather's offsets and counts are int64
 
 import jax_ext  # noqa: E402  (registers the FFI targets)
+import ml_dtypes  # noqa: E402
+from jax_ext import _auto  # noqa: E402
 
 COLL = re.compile(r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                   r"(?:-start)?\(")
@@ -48,6 +59,12 @@ def check(name):
 
 
 def same_bits(got, want):
+    if isinstance(got, jax.Array) and not got.is_fully_addressable:  # several processes
+        want = np.asarray(want)
+        assert got.shape == want.shape, (got.shape, want.shape)
+        for shard in got.addressable_shards:
+            same_bits(shard.data, want[shard.index])
+        return
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype,
                                                                 want.shape, want.dtype)
@@ -75,7 +92,9 @@ def np_gather(src, offsets, index, num, pad, dim, L):
 
 rng = np.random.default_rng(0)
 DEV = jax.devices()
-MESHES = {"auto": Mesh(np.array(DEV), ("x",)), "explicit": jax.make_mesh((4,), ("x",))}
+NDEV = len(DEV)
+MESHES = {"auto": Mesh(np.array(DEV), ("x",)),
+          "explicit": jax.make_mesh((NDEV,), ("x",), axis_types=(AxisType.Explicit,))}
 M, K, R, N = 16, 32, 40, 12
 c_rows = rng.random((M, 1)) > 0.5
 x = rng.standard_normal((M, K)).astype(np.float32)
@@ -248,6 +267,177 @@ def run_local_checks():
         assert "CustomSPMDPartitioning" not in text
 
 
+# --- the matrix: every implementation, both kinds of mesh axes ----------------------------
+
+IMPLS = ("native", "lax", "auto")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def specials(shape, dtype):
+    """Random values with -0.0, a signalling NaN and a NaN with a payload mixed in."""
+    dtype = np.dtype(dtype)
+    u = np.dtype(f"uint{8 * dtype.itemsize}")
+    bits = {2: [0x8000, 0x7F81, 0x7FC5, 0xFFE5], 4: [0x80000000, 0x7F800001, 0x7FC00123,
+            0xFFC00005]}[dtype.itemsize]
+    v = rng.standard_normal(shape).astype(dtype)
+    flat = v.reshape(-1).view(u)
+    flat[::3] = np.resize(np.array(bits, u), flat[::3].size)
+    return v
+
+
+def np_where(c, x, y):
+    """numpy on the raw bits (numpy's where on floats could canonicalize nothing, but the
+    broadcast scalar must arrive as the dtype's bits)."""
+    x, y = np.asarray(x), np.asarray(y, dtype=np.asarray(x).dtype)
+    u = np.dtype(f"uint{8 * x.dtype.itemsize}")
+    return np.where(c, x.view(u), y.view(u)).view(x.dtype)
+
+
+def global_array(a, sharding):
+    """`a` placed by `sharding`, from the same host data in every process (one process
+    or several: each builds only its own shards)."""
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx])
+
+
+def mesh_scope(kind):
+    return jax.set_mesh(MESHES[kind]) if kind == "explicit" else contextlib.nullcontext()
+
+
+def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False, comm=None):
+    """f under impl on the mesh `kind`: bits equal to `want` (an array or a tuple);
+    local: no collective; twin (the jnp program): the same bits where it is exact, and no
+    collective the twin does not hold, or, with `comm`, none outside that set."""
+    mesh = MESHES[kind]
+    with mesh_scope(kind):
+        args = [global_array(a, NamedSharding(mesh, s)) for a, s in arg_specs]
+        with jax_ext.implementation(impl), _auto.recording() as decisions:
+            jf = jax.jit(f)
+            colls, targets, _ = compiled_info(jf, *args)
+            out = jf(*args)
+        outs, wants = (out, want) if isinstance(want, tuple) else ((out,), (want,))
+        for o, w in zip(outs, wants):
+            same_bits(o, w)
+        rec = {"collectives": colls, "targets": targets, "spec": spec_of(outs[0]),
+               "decisions": sorted({f"{d.op}:{d.impl}" for d in decisions})}
+        if twin is not None:
+            tcolls, _, _ = compiled_info(jax.jit(twin), *args)
+            rec["twin_collectives"] = tcolls
+            touts = jax.jit(twin)(*args)
+            for t, w in zip((touts,) if len(outs) == 1 else touts, wants):
+                if t.dtype == np.float32:  # the jnp program is exact there too
+                    same_bits(t, w)
+            if comm is None:
+                assert set(colls) <= set(tcolls), f"collectives {colls}, jnp program: {tcolls}"
+    if comm is not None:
+        assert set(colls) <= comm, f"collectives {colls}, expected within {sorted(comm)}"
+    if local:
+        assert not colls, f"collectives {colls}"
+    return rec
+
+
+# Shapes divisible by 8 devices. The batched-gather shapes are the issue's.
+MB, KB = 16, 40
+m_c = rng.random((MB, 1)) > 0.5
+m_cf = rng.random((MB, KB)) > 0.5
+m_x = specials((MB, KB), BF16)
+m_y = specials((1, KB), BF16)
+m_xf = specials((MB, KB), np.float32)
+g_src = specials((64, 6), np.float32)            # 6 floats -> rows padded to 8
+g_idx = rng.integers(-2, 66, 24).astype(np.int32)  # some out of range: pad rows
+v_src = specials((8, 512, 64), np.float32)
+v_idx = rng.integers(0, 512, (8, 128)).astype(np.int32)
+vb_x = specials((8, MB, KB), BF16)
+i_src = rng.integers(-3, 4, (8, 512, 64)).astype(np.float32)  # small ints: exact sums
+i_x = rng.integers(-3, 4, (MB, KB)).astype(np.float32)
+i_y = rng.integers(-3, 4, (MB, KB)).astype(np.float32)
+i_t = rng.integers(-3, 4, (64, 8)).astype(np.float32)
+
+
+def vgather(s, i):
+    return jax.vmap(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))(s, i)
+
+
+def vtake(s, i):
+    return jax.vmap(lambda s, i: jnp.take(s, i, axis=0))(s, i)
+
+
+def take_loss(t, i):
+    """The jnp twin of sum(gather(t, [0], 0, i) * 2) (jnp.take wraps negative indices)."""
+    return jnp.sum(jnp.take(t, jnp.where(i < 0, t.shape[0], i), axis=0, mode="fill",
+                            fill_value=0) * 2.0)
+
+
+def grad_vmap_want():
+    want = np.zeros_like(i_src)
+    for b in range(8):
+        np.add.at(want[b], v_idx[b], 2 * i_src[b][v_idx[b]])
+    return want
+
+
+def grad_rows_want():
+    want = np.zeros_like(i_t)
+    ok = (g_idx >= 0) & (g_idx < 64)
+    np.add.at(want, g_idx[ok], 2.0)
+    return want
+
+
+MATRIX = {  # name: (kind, impl) -> record
+    "select_batch_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax_ext.where, [(m_c, P("x", None)), (m_x, P("x", None)), (m_y, P())],
+        np_where(m_c, m_x, m_y), local=True),
+    "where_scalar_sharded": lambda kind, impl: matrix_case(  # the issue's where(cs, xs, 0.0)
+        kind, impl, lambda c, x: jax_ext.where(c, x, 0.0),
+        [(m_cf, P("x", None)), (m_xf, P("x", None))], np_where(m_cf, m_xf, 0.0),
+        twin=lambda c, x: jnp.where(c, x, 0.0), local=True),
+    "vmap_select_batch_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax.vmap(jax_ext.where, in_axes=(None, 0, None)),
+        [(m_cf, P()), (vb_x, P("x", None, None)), (m_y, P())],
+        np.stack([np_where(m_cf, vb_x[b], m_y) for b in range(8)]), local=True),
+    "gather_index_sharded": lambda kind, impl: matrix_case(
+        kind, impl, lambda s, i, n: jax_ext.gather(s, [1], 0, i, num_indices=n, pad_value=-0.0),
+        [(g_src, P()), (g_idx, P("x")), (np.int64(20), P())],
+        np_gather(g_src, [1], g_idx, 20, np.float32(-0.0), 0, 8), local=True),
+    "gather_rows_sharded_exact": lambda kind, impl: matrix_case(  # -0.0 and sNaN rows
+        kind, impl, lambda s, i: jax_ext.gather(s, [0], 0, i), [(g_src, P("x", None)),
+                                                               (g_idx, P())],
+        np_gather(g_src, [0], g_idx, len(g_idx), 0.0, 0, 8)),
+    "vmap_gather_batch_sharded": lambda kind, impl: matrix_case(
+        kind, impl, vgather, [(v_src, P("x", None, None)), (v_idx, P("x", None))],
+        np.stack([v_src[b][v_idx[b]] for b in range(8)]), twin=vtake, local=True),
+    "grad_vmap_gather_batch_sharded": lambda kind, impl: matrix_case(  # the issue's snippet
+        kind, impl, jax.grad(lambda s, i: jnp.sum(vgather(s, i) ** 2)),
+        [(i_src, P("x", None, None)), (v_idx, P("x", None))], grad_vmap_want(),
+        twin=jax.grad(lambda s, i: jnp.sum(vtake(s, i) ** 2))),
+    "grad_gather_rows_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
+        [(i_t, P("x", None)), (g_idx, P())], grad_rows_want(),
+        # Explicit axes: jnp.take asks for an out_sharding here; jax_ext.gather takes it.
+        twin=None if kind == "explicit" else jax.grad(take_loss)),
+    "grad_gather_index_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
+        [(i_t, P()), (g_idx, P("x"))], grad_rows_want(),
+        twin=None if kind == "explicit" else jax.grad(take_loss),  # as above
+        # The rows must meet: jnp all-reduces partial sums, the kernel all-gathers the
+        # cotangent rows (and adds them in index order: deterministic).
+        comm={"all-gather", "all-reduce"}),
+    "grad_select_batch_sharded": lambda kind, impl: matrix_case(
+        kind, impl, jax.grad(lambda x, y: jnp.sum(jax_ext.where(m_cf, x, y) ** 2),
+                             argnums=(0, 1)),
+        [(i_x, P("x", None)), (i_y, P("x", None))],
+        (np.where(m_cf, 2 * i_x, 0.0).astype(np.float32),
+         np.where(m_cf, 0.0, 2 * i_y).astype(np.float32)),
+        twin=jax.grad(lambda x, y: jnp.sum(jnp.where(m_cf, x, y) ** 2), argnums=(0, 1))),
+}
+
+
+def run_matrix():
+    for name, fn in MATRIX.items():
+        for kind in MESHES:
+            for impl in IMPLS:
+                check(f"{name}[{impl},{kind}]")(lambda: fn(kind, impl))
+
+
 # --- jax.export -------------------------------------------------------------------------
 
 def exported_fn(c, x, y, s, i):
@@ -263,17 +453,16 @@ def export_want():
             np_gather(src, [0], idx, N, 7.0, 0, 8))
 
 
-@check("export_needs_export_checks")
-def _():
-    try:
-        jax.export.export(jax.jit(exported_fn))(*EXPORT_ARGS)
-    except ValueError as e:
-        assert "jax_ext_select_v1" in str(e) or "custom call" in str(e).lower(), e
-    else:
-        raise AssertionError("export without jax_ext.export_checks() should be refused")
-
-
 def run_export(outdir):
+    @check("export_needs_export_checks")
+    def _():
+        try:
+            jax.export.export(jax.jit(exported_fn))(*EXPORT_ARGS)
+        except ValueError as e:
+            assert "jax_ext_select_v1" in str(e) or "custom call" in str(e).lower(), e
+        else:
+            raise AssertionError("export without jax_ext.export_checks() should be refused")
+
     @check("export_serialize[1dev]")
     def _():
         exp = jax.export.export(jax.jit(exported_fn),
@@ -337,11 +526,17 @@ def run_gspmd():
 
 if __name__ == "__main__":
     mode, outdir = sys.argv[1], sys.argv[2]
-    assert len(DEV) == 4, f"needs 4 devices (XLA_FLAGS), got {len(DEV)}"
-    if mode == "run":
-        run_local_checks()
-        run_export(outdir)
-        run_gspmd()
+    assert mode == "matrix" or NDEV == 4, f"needs 4 devices (XLA_FLAGS), got {NDEV}"
+    if mode == "matrix":
+        run_matrix()
+        name = "matrix.json"
+    elif mode == "run":
+        with jax_ext.implementation("native"):  # these checks pin the kernels' partitioning
+            run_local_checks()
+            run_export(outdir)
+        run_matrix()
+        with jax_ext.implementation("native"):
+            run_gspmd()  # last: it switches the partitioner off for the process
         name = "results.json"
     else:
         RESULTS.clear()

@@ -1,6 +1,7 @@
 """Differential fuzzing (issue 4): breadth and the invalid-input space.
 
-Valid inputs: native == lax == an independent numpy/loop reference, bit for bit, over
+Valid inputs: native == lax == auto == an independent numpy/loop reference (two of the
+implementations per example, in turn), bit for bit, over
 every JAX dtype, ranks 0-5 with zero-size dims, every select mode, where, where3 (scalar,
 full and row conditions) and gather with wild offsets and indices (int64 past 2**31,
 negative, uint64 past 2**63), num_indices, pad_value, align_bytes, check_bounds, static
@@ -22,7 +23,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jax_ext
-from helpers import ALL_DTYPES, assert_bits_equal, np_select, random_values, special_values
+from helpers import (ALL_DTYPES, IMPL_PAIRS, assert_bits_equal, np_select, random_values,
+                     special_values)
 from test_gather import ref_gather, row_len
 
 SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 1
@@ -51,12 +53,14 @@ def values(rng, shape, dtype):
 
 
 def native_lax(fn, *args, **kw):
-    """fn natively and through lax, both jitted (cached per implementation)."""
+    """fn under the next pair of implementations, jitted (cached per implementation); they
+    must agree bit for bit."""
     outs = []
-    for impl in ("native", "lax"):
+    for impl in next(IMPL_PAIRS):  # two compilations an example, as before auto
         with jax_ext.implementation(impl):
             outs.append(np.asarray(fn(*args, **kw)))
-    assert_bits_equal(outs[0], outs[1])
+    for o in outs[1:]:
+        assert_bits_equal(outs[0], o)
     return outs[0]
 
 

@@ -12,9 +12,8 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jax_ext
-from helpers import hlo, random_values
+from helpers import IMPL_PAIRS, IMPLS, hlo, random_values
 
-IMPLS = ["native", "lax"]
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
               np.uint64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.float16,
               ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
@@ -90,19 +89,21 @@ def assert_bits(got, want):
         raise AssertionError(f"bytes differ at {bad.tolist()}:\n got {got}\n want {want}")
 
 
-def both(fn, *args, **kw):
-    """fn under native and lax; asserts they agree bit for bit, returns the result."""
+def both(fn, *args, impls=IMPLS, **kw):
+    """fn under every implementation (or `impls`); asserts they agree bit for bit, returns
+    the result."""
     outs = []
-    for impl in IMPLS:
+    for impl in impls:
         with jax_ext.implementation(impl):
             outs.append(np.asarray(fn(*args, **kw)))
-    assert_bits(outs[0], outs[1])
+    for o in outs[1:]:
+        assert_bits(outs[0], o)
     return outs[0]
 
 
-def check(src, offsets, dim, index, **kw):
+def check(src, offsets, dim, index, impls=IMPLS, **kw):
     want = ref_gather(src, offsets, dim, index, **kw)
-    got = both(jax_ext.gather, src, offsets, dim, index, **kw)
+    got = both(jax_ext.gather, src, offsets, dim, index, impls=impls, **kw)
     assert_bits(got, want)
     return got
 
@@ -635,7 +636,7 @@ def test_hypothesis_differential(c):
     src = random_values(rng, c["shape"], c["dtype"])
     pad = random_values(rng, (), c["dtype"])
     check(src, c["offsets"], c["dim"], c["index"], check_bounds=c["check_bounds"],
-          num_indices=c["num"], pad_value=pad, align_bytes=c["align"])
+          num_indices=c["num"], pad_value=pad, align_bytes=c["align"], impls=next(IMPL_PAIRS))
 
 
 @functools.lru_cache(maxsize=None)
@@ -658,8 +659,10 @@ def test_hypothesis_grad(dim, cb, index, off, num, seed):
     index = np.array(index, np.int32)
     ct = rng.standard_normal((len(index),) + shape[dim + 1:-1] + (8,))
     offs = np.array([1, off][-(dim + 1):] if dim else [off], np.int64)
-    got = [_jitted_vjp(impl, dim, cb)(src, offs, index, np.int64(num), ct) for impl in IMPLS]
-    assert_bits(got[0][0], got[1][0])
+    got = [_jitted_vjp(impl, dim, cb)(src, offs, index, np.int64(num), ct)
+           for impl in next(IMPL_PAIRS)]
+    for g in got[1:]:
+        assert_bits(got[0][0], g[0])
     ws, wp = dense_grads(src, list(offs), dim, index, ct, check_bounds=cb, num_indices=num)
     np.testing.assert_allclose(got[0][0], ws, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[0][1], wp, rtol=1e-12, atol=1e-12)
@@ -678,7 +681,7 @@ def test_without_x64_offsets_travel_as_int32():
         src = jnp.arange(48, dtype=jnp.float32).reshape(4, 3, 4)
         idx = jnp.array([0, 3, 4, 2**31 + 1, 2**32 - 1], jnp.uint32)
         outs = []
-        for impl in ["native", "lax"]:
+        for impl in ["native", "lax", "auto"]:
             with jax_ext.implementation(impl):
                 r = jax_ext.gather(src, [1, -2], 1, idx, num_indices=jnp.uint32(2**32 - 1))
                 assert r.shape == (5, 8)

@@ -88,3 +88,48 @@ def test_explain_reports_a_multi_platform_lowering_as_lax():
         jax.jit(jax_ext.where).trace(c, x, -x).lower(lowering_platforms=("cpu", "cuda"))
     assert [(d.op, d.impl) for d in decisions] == [("select", "lax")]
     assert "several platforms" in decisions[0].reason
+
+
+# --- the exactness views are the same on every platform ----------------------------------
+# XLA:CPU rewrites the bits of these floats in select, pad, concatenate and broadcast
+# (tests/test_lax_exact.py); the lax path moves them as unsigned integers instead. A GPU or
+# TPU program must carry the same views: these compare each platform's lowering with the
+# CPU lax lowering, and check that no value-moving op of the program sees the float type.
+_VIEWED = {"bfloat16": "bf16", "float8_e5m2": "f8E5M2"}
+_MOVERS = re.compile(r"stablehlo\.(select|pad|concatenate|broadcast_in_dim)\b")
+
+
+def _view_cases(dtype):
+    rng = np.random.default_rng(6)
+    v = lambda *s: rng.standard_normal(s).astype(dtype)  # noqa: E731
+    c = rng.integers(0, 2, (6, 5)).astype(bool)
+    src, idx = v(9, 5), np.array([0, 3, -1, 12, 4], np.int32)
+    bsrc, bidx = v(3, 9, 5), rng.integers(-1, 10, (3, 4)).astype(np.int32)
+    g = jax_ext.gather
+    return {
+        "where scalar and row": (lambda c, x, y: jax_ext.where(c, x, y[0, 0]) +
+                                 jax_ext.where(c, y, x), (c, v(6, 5), v(1, 5))),
+        "where3 rows": (jax_ext.where3, (c[:, 0], v(6, 5), v(6, 5))),
+        "gather pad rows and columns": (
+            lambda s, i, p: g(s, [0], 0, i, num_indices=4, pad_value=p, align_bytes=64),
+            (src, idx, src[0, 0])),
+        "vmap gather per-batch pad": (
+            jax.vmap(lambda s, i, p: g(s, [0], 0, i, pad_value=p)), (bsrc, bidx, bsrc[:, 0, 0])),
+    }
+
+
+@pytest.mark.parametrize("dtype", list(_VIEWED))
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
+def test_exactness_views_on_every_platform(platform, dtype):
+    mlir_type = _VIEWED[dtype]
+    for name, (f, args) in _view_cases(np.dtype(dtype)).items():
+        with jax_ext.implementation("lax"):
+            cpu = jax.jit(f).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+        other = _lowered(f, args, (platform,))
+        assert other == cpu, f"{name}: the {platform} program differs from CPU's lax path"
+        moving = [ln.strip() for ln in other.splitlines() if _MOVERS.search(ln)]
+        assert moving, name
+        bare = [ln for ln in moving if f"x{mlir_type}>" in ln or f"<{mlir_type}>" in ln]
+        assert not bare, f"{name}: {dtype} values moved as floats on {platform}: {bare[:3]}"
+        assert f"tensor<{mlir_type}>" in other or f"x{mlir_type}>" in other  # the operands
+        assert "stablehlo.bitcast_convert" in other, name

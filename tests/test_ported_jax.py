@@ -35,13 +35,13 @@ ALL_SHAPES = [NP_SCALAR, PY_SCALAR, (), (4,), (3, 4), (3, 1), (1, 4), (2, 1, 4),
 
 def _alternate(cases):
     """Each case with one implementation, alternating along the list, so every family of
-    cases runs on both while the whole file stays near a minute on two cores;
-    JAX_EXT_PORTED_BOTH=1 runs every case on both."""
+    cases runs on every implementation while the whole file stays near a minute on two
+    cores; JAX_EXT_PORTED_BOTH=1 runs every case on all of them."""
     both = os.environ.get("JAX_EXT_PORTED_BOTH") == "1"
     out = []
     for k, c in enumerate(cases):
         c = c if isinstance(c, tuple) else (c,)
-        for impl in (IMPLS if both else [IMPLS[k % 2]]):
+        for impl in (IMPLS if both else [IMPLS[k % len(IMPLS)]]):
             out.append(pytest.param(*c, impl, id=f"{impl}-{k}"))
     return out
 

@@ -1,10 +1,13 @@
-"""Sharded select and gather on 4 forced host devices: partitioned without communication,
-shard_map bodies, grad, donation per shard, GSPMD fallback, and jax.export round trips.
+"""Sharded select and gather on forced host devices: partitioned without communication,
+shard_map bodies, grad, donation per shard, GSPMD fallback, jax.export round trips, and
+the matrix: every check under "native", "lax" and "auto", on auto and explicit mesh axes,
+on 4 and 8 devices.
 
 The checks run in child processes (tests/sharding_checks.py) started with
-XLA_FLAGS=--xla_force_host_platform_device_count=4, because jax fixes the device count
-when its backends start and the rest of the suite runs on one device. One child runs
-every check, a second, fresh one deserializes the exports (as a user's would)."""
+XLA_FLAGS=--xla_force_host_platform_device_count=N, because jax fixes the device count
+when its backends start and the rest of the suite runs on one device. One 4-device child
+runs every check, a second, fresh one deserializes the exports (as a user's would), an
+8-device child runs the matrix again."""
 import json
 import os
 import subprocess
@@ -13,6 +16,7 @@ import sys
 import pytest
 
 import jax_ext
+from helpers import IMPLS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NO_COLLECTIVES = [
@@ -33,16 +37,26 @@ OTHER = [
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
 
 
-def _child(mode, outdir):
+# The matrix (sharding_checks.MATRIX): each runs under every implementation on both kinds
+# of mesh axes and must give numpy's bits; see each check there for its collective rule.
+MATRIX = [
+    "select_batch_sharded", "where_scalar_sharded", "vmap_select_batch_sharded",
+    "gather_index_sharded", "gather_rows_sharded_exact", "vmap_gather_batch_sharded",
+    "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_gather_index_sharded",
+    "grad_select_batch_sharded",
+]
+
+
+def _child(mode, outdir, ndev=4):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_force_host_platform_device_count=4").strip()
-    env["JAX_EXT_IMPL"] = "native"  # the native path is what partitions
+                        f" --xla_force_host_platform_device_count={ndev}").strip()
+    env.pop("JAX_EXT_IMPL", None)  # each check sets its implementation itself
     # Run from the tests dir: the installed jax_ext, not the source tree, is imported.
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_checks.py"), mode,
                            str(outdir)], env=env, cwd=HERE, capture_output=True, text=True,
                           timeout=600)
-    name = "results.json" if mode == "run" else "load.json"
+    name = {"run": "results.json", "load": "load.json", "matrix": "matrix.json"}[mode]
     path = os.path.join(outdir, name)
     if proc.returncode != 0 or not os.path.exists(path):
         pytest.fail(f"sharding_checks.py {mode} failed (rc {proc.returncode}):\n"
@@ -61,6 +75,11 @@ def results(tmp_path_factory):
     res = _child("run", outdir)
     res.update(_child("load", outdir))  # a fresh process, after the exports were written
     return res
+
+
+@pytest.fixture(scope="module")
+def results8(tmp_path_factory):
+    return _child("matrix", tmp_path_factory.mktemp("sharding8"), ndev=8)
 
 
 def _get(results, name):
@@ -93,6 +112,16 @@ def test_grad_of_sharded_select_and_gather(results):
                                   and not n.startswith("grad_")])
 def test_other_checks(results, name):
     _get(results, name)
+
+
+@pytest.mark.parametrize("ndev", [4, 8])
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("check", MATRIX)
+def test_matrix(request, check, impl, kind, ndev):
+    """Exact on every implementation and mesh kind; no collective where the check says."""
+    res = request.getfixturevalue("results" if ndev == 4 else "results8")
+    _get(res, f"{check}[{impl},{kind}]")
 
 
 @pytest.mark.parametrize("name", ROUNDTRIP)

@@ -1,0 +1,69 @@
+"""Two processes, one mesh: jax.distributed on 127.0.0.1 with 2 processes x 2 host
+devices and gloo CPU collectives. Each process runs the sharding matrix
+(sharding_checks.MATRIX: select and gather, forward, grad and vmap, under "native", "lax"
+and "auto", auto and explicit mesh axes) over the 4 global devices, compares its own shards
+with numpy bit for bit and the compiled HLO's collectives with the jnp program's."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from helpers import IMPLS
+from test_sharding import MATRIX
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 420  # both processes together; they are killed past it
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    outdir = tmp_path_factory.mktemp("multiprocess")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=2").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("JAX_EXT_IMPL", None)  # each check sets its implementation itself
+    port = _free_port()
+    logs = [open(outdir / f"process{k}.log", "w+") for k in range(2)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess_child.py"),
+                               str(port), str(k), str(outdir)], env=env, cwd=HERE,
+                              stdout=logs[k], stderr=subprocess.STDOUT) for k in range(2)]
+    try:
+        for p in procs:
+            p.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:  # a process whose peer died waits on it: never leave one behind
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    out = []
+    for k, (p, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        text = log.read()
+        log.close()
+        path = outdir / f"process{k}.json"
+        if p.returncode != 0 or not path.exists():
+            pytest.fail(f"process {k} failed (rc {p.returncode}):\n{text[-4000:]}")
+        out.append(json.loads(path.read_text()))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("check", MATRIX)
+def test_two_processes(results, check, impl, kind):
+    name = f"{check}[{impl},{kind}]"
+    for k, res in enumerate(results):
+        assert name in res, f"process {k}: {name} did not run"
+        assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
