@@ -369,6 +369,14 @@ def _site(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
     return _Site(out, ops, rereads, kept, why)
 
 
+def _lax_s0(site: _Site, key: str) -> float:
+    """The lax side's fixed cost: fitted on standalone calls, so it holds a program's
+    launch, which a lax op fused with a neighbour does not add (the fused loop is
+    launched anyway). The kernel keeps its own: a custom call is a launch of its own."""
+    fused = not site.result_kept or any(not mem for _, _, mem, _ in site.operands)
+    return 0.0 if fused else _c(key)
+
+
 _pending = threading.local()
 
 
@@ -388,7 +396,7 @@ def choose_select(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
     regime = "s0_single" if site.out_bytes < POOL_MIN_BYTES else "s0"
     read_all = sum(n for _, n, _, _ in site.operands)
     read_lax = sum(n for _, n, mem, _ in site.operands if mem)
-    lax = _c(f"select.lax.{regime}") + _c("select.lax.s_per_byte") * (
+    lax = _lax_s0(site, f"select.lax.{regime}") + _c("select.lax.s_per_byte") * (
         read_lax + (site.out_bytes if site.result_kept else 0))
     if site.result_kept:
         lax += _fresh("lax", site.out_bytes)
@@ -411,7 +419,7 @@ def choose_gather(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
     rows = math.prod(int(d) for d in ctx.avals_out[0].shape[:nbatch + 1])
     out, src_mem = site.out_bytes, site.operands[0][2]
     small = sum(n for name, n, _, _ in site.operands if name != "src")
-    lax = (_c("gather.lax.s0") + _c("gather.lax.s_per_row") * rows
+    lax = (_lax_s0(site, "gather.lax.s0") + _c("gather.lax.s_per_row") * rows
            + _c("gather.lax.s_per_byte") * (small + out * (2 if site.result_kept else 1))
            + (_fresh("lax", out) if site.result_kept else 0.0))
     native = (_c("gather.native.s0") + _c("gather.native.s_per_row") * rows
