@@ -725,6 +725,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
         outs[0] = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
                                      out_bshape=tuple(src_aval.shape[:nbatch]),
                                      check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+        outs[0] = _like_primal(outs[0], src_aval)
     if p_undef:
         valid, _ = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
         mask = _pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
@@ -732,6 +733,19 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
         t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
         outs[4] = sum_to_shape(t, pad.aval.shape).astype(pad.aval.dtype)
     return outs
+
+
+def _like_primal(t, aval):
+    """Under explicit mesh axes a cotangent must carry its primal's sharding. The
+    scatter-add leaves the rows it accumulates unsharded (every row may receive from
+    any index), so a row-sharded src gets its cotangent resharded to match."""
+    want = getattr(aval, "sharding", None)
+    mesh = getattr(want, "mesh", None)
+    if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
+        return t
+    if _compat.spec_entries(jax.typeof(t)) == _compat.spec_entries(aval):
+        return t
+    return jax.sharding.reshard(t, want.spec)
 
 
 # --- batching ---------------------------------------------------------------------------
