@@ -176,3 +176,26 @@ def test_call_orders_are_balanced():
         assert len(places) == n * n and len(set(places.values())) == 1, (n, places)
         pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
         assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, (n, pairs)
+
+
+def test_calibration_least_squares_is_nonnegative_and_optimal():
+    """The fit's NNLS against brute force: the best least-squares solution over every
+    subset of columns whose solution is non-negative (the optimum is one of them)."""
+    import itertools
+
+    import numpy as np
+    from jax_ext.bench.calibrate import _nnls
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        m, n = int(rng.integers(4, 20)), int(rng.integers(1, 5))
+        A = rng.random((m, n)) * rng.choice([1e-3, 1.0, 1e3], n)
+        b = rng.standard_normal(m) + rng.random()
+        x = _nnls(A, b)
+        assert (x >= 0).all()
+        best = np.linalg.norm(b)
+        for k in range(1, n + 1):
+            for cols in itertools.combinations(range(n), k):
+                z = np.linalg.lstsq(A[:, cols], b, rcond=None)[0]
+                if (z >= 0).all():
+                    best = min(best, np.linalg.norm(A[:, cols] @ z - b))
+        assert np.linalg.norm(A @ x - b) <= best * (1 + 1e-9) + 1e-12

@@ -79,13 +79,37 @@ def _fit(rows, names, log=None, what=""):
 def _fit1(rows, names):
     """Non-negative least squares on relative errors (small calls weigh as much as big
     ones): no constant of the model can be negative."""
-    from scipy.optimize import nnls  # a dependency of jax
     X = np.array([r[0] for r in rows], np.float64)
     t = np.array([r[1] for r in rows], np.float64)
     scale = X.max(axis=0)  # columns of seconds-per-row and per-byte differ by 1e6
     scale[scale == 0] = 1.0
-    c, _ = nnls(X / scale / t[:, None], np.ones_like(t))
+    c = _nnls(X / scale / t[:, None], np.ones_like(t))
     return {n: float(v / s) for n, v, s in zip(names, c, scale)}
+
+
+def _nnls(A, b):
+    """min |A x - b| subject to x >= 0 (Lawson and Hanson's active set), for the few
+    columns of one op's model: numpy alone, no extra dependency."""
+    n = A.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, bool)
+    tol = 1e-10 * max(1.0, float(np.abs(A).max()))
+    for _ in range(3 * n):
+        w = A.T @ (b - A @ x)
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                break
+            neg = passive & (z <= tol)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        x = z
+    return x
 
 
 def _fresh(table, impl, nbytes):
