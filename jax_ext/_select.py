@@ -161,9 +161,9 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
     Raises:
         TypeError: ``cond`` is not ``bool``; ``then`` and ``else_`` have different strong
             dtypes; an operand is not an array or a scalar.
-        ValueError: ``auto_broadcast`` is neither ``"numpy"`` nor ``"none"``; the shapes do
-            not broadcast, or ``cond`` would enlarge the result; a Python int does not fit
-            the other operand's dtype.
+        ValueError: ``auto_broadcast`` is a string other than ``"numpy"`` and ``"none"``
+            (another type is a ``TypeError``); the shapes do not broadcast, or ``cond``
+            would enlarge the result; a Python int does not fit the other operand's dtype.
 
     Example:
         >>> import numpy as np, jax_ext
