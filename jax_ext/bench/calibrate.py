@@ -90,9 +90,14 @@ def _fit1(rows, names):
 def _nnls(A, b):
     """min |A x - b| subject to x >= 0 (Lawson and Hanson's active set), for the few
     columns of one op's model: numpy alone, no extra dependency."""
+    # Unit columns: the optimality test then weighs every column alike, whatever its
+    # units (seconds per call, per row, per byte differ by 1e9).
+    norms = np.linalg.norm(A, axis=0)
+    norms[norms == 0] = 1.0
+    A = A / norms
     n = A.shape[1]
     x, passive = np.zeros(n), np.zeros(n, bool)
-    tol = 1e-10 * max(1.0, float(np.abs(A).max()))
+    tol = 1e-12 * max(1.0, float(np.linalg.norm(b)))
     for _ in range(3 * n):
         w = A.T @ (b - A @ x)
         if passive.all() or w[~passive].max() <= tol:
@@ -101,15 +106,15 @@ def _nnls(A, b):
         while True:
             z = np.zeros(n)
             z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
-            if (z[passive] > tol).all():
+            if (z[passive] > 0).all():
                 break
-            neg = passive & (z <= tol)
+            neg = passive & (z <= 0)
             alpha = np.min(x[neg] / (x[neg] - z[neg]))
             x = x + alpha * (z - x)
-            passive &= x > tol
+            passive &= x > 0
             x[~passive] = 0.0
         x = z
-    return x
+    return x / norms
 
 
 def _fresh(table, impl, nbytes):
