@@ -137,6 +137,30 @@ def test_programs_time_forced_native_and_lax_too(tmp_path):
     assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0
 
 
+def test_each_program_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """Program rows come from a child process (heap state is not carried from one case
+    to the next); --same-process times them here, with the same columns."""
+    import subprocess
+    children = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        children.append(cmd)
+        return real_run(cmd, *a, **k)
+    monkeypatch.setattr(subprocess, "run", run)
+    impl = "auto" if jax_ext.native_available() else "lax"
+    rows = {}
+    for extra in ([], ["--same-process"]):
+        out = tmp_path / f"b{len(extra)}.json"
+        assert bench.main(["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
+                           "--rounds", "3", "--pattern", "reused", "--json", str(out),
+                           "--plot", str(tmp_path / "b.png")] + extra) == 0
+        (rows[len(extra)],) = json.loads(out.read_text())["results"]
+    assert len(children) == 1 and "--case" in children[0]
+    assert children[0][children[0].index("--case") + 1] == rows[0]["name"]
+    assert set(rows[0]) == set(rows[1]) and rows[0]["name"] == rows[1]["name"]
+
+
 def test_quick_calibration_writes_a_complete_table(tmp_path, capsys, monkeypatch):
     """The CI form of `jax-ext-bench --calibrate`: every constant of the shipped table is
     fitted and written with what it was fitted on (numbers not asserted)."""
