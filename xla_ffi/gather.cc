@@ -95,6 +95,7 @@ struct GatherCall {
   bool check_bounds;
   int64_t row_out;     // elements of one result row
   int64_t total_rows;  // result rows, over the whole batch
+  bool fresh = false;  // out was just mapped by PrefaultFresh: its lines are in cache
 };
 
 // The row loop. RB > 0: rows are unpadded and RB bytes long, so the copy is a few inline
@@ -126,7 +127,9 @@ void GatherRows(ffi::ThreadPool& pool, const GatherCall<T>& call) {
   // Streaming stores only for results well past the last-level cache: measured at 32 MiB
   // (random 512-byte rows, 2 threads, the cores shared) regular stores were as fast or
   // faster, and they leave the result's tail in cache for whatever reads it next.
-  const bool stream = call.total_rows * row_out * int64_t(sizeof(T)) >= 4 * kStreamBytes;
+  // (Nor into a buffer just mapped, whose zeroed lines are in cache: see PrefaultFresh.)
+  const bool stream =
+      !call.fresh && call.total_rows * row_out * int64_t(sizeof(T)) >= 4 * kStreamBytes;
   DynamicFor(pool, call.total_rows, min_chunk, [&](int64_t begin, int64_t end) {
     const char* ptrs[2][kRowBlock];  // a block's source rows, nullptr: pad
     int64_t u = begin, b = begin / nn, i = begin - b * nn;
@@ -236,7 +239,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
   return DispatchWidth(ffi::ByteWidth(dt), [&](auto wtag) -> ffi::Error {
     using T = decltype(wtag);
     {
-      const GatherCall<T> call{
+      GatherCall<T> call{
           g,
           st,
           static_cast<const T*>(src.untyped_data()),
@@ -249,7 +252,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
           check_bounds,
           row_out,
           total_rows};
-      PrefaultFresh(call.out, out->size_bytes());
+      call.fresh = PrefaultFresh(call.out, out->size_bytes());
       GatherKernel(pool, call);
       return ffi::Error::Success();
     }

@@ -123,16 +123,25 @@ inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) 
 // removes that tail. Contents are unchanged (fresh anonymous memory reads as zero
 // either way). A kernel without MADV_POPULATE_WRITE (before Linux 5.14) refuses it and
 // the pages fault on first write, as huge pages still.
-inline void PrefaultFresh(void* data, size_t bytes) {
+//
+// Returns true when it mapped the buffer: its lines were just zeroed through the cache,
+// so the kernels then write with regular stores, not non-temporal ones, which would
+// evict those lines and go to memory (a C loop, 32 MiB, two threads: freshly populated,
+// 2.8 ms with regular stores and 5.2 ms with streaming ones; on a reused buffer streaming
+// wins, 1.3 vs 1.8 ms).
+inline bool PrefaultFresh(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   uintptr_t b, e;
-  if (!FreshInterior(data, bytes, &b, &e)) return;
+  if (!FreshInterior(data, bytes, &b, &e)) return false;
   madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
 #if defined(MADV_POPULATE_WRITE)
-  madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_WRITE);
+  return madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_WRITE) == 0;
+#else
+  return false;
 #endif
 #else
   (void)data, (void)bytes;
+  return false;
 #endif
 }
 

@@ -190,7 +190,7 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
     }
   }
 
-  if (!in_place) PrefaultFresh(out->untyped_data(), out->size_bytes());
+  const bool fresh = !in_place && PrefaultFresh(out->untyped_data(), out->size_bytes());
   const size_t width = ffi::ByteWidth(out->element_type());
   return DispatchWidth(width, [&](auto tag) -> ffi::Error {
     using T = decltype(tag);
@@ -211,8 +211,9 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
     } else {
       const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
       // Past the last-level cache, blend a few KiB at a time into a tile that stays in L1
-      // and stream it out, so the result's lines are not read before being written.
-      const bool stream = static_cast<int64_t>(out->size_bytes()) >= kStreamBytes;
+      // and stream it out, so the result's lines are not read before being written; not
+      // into a buffer just mapped (PrefaultFresh), whose zeroed lines are in cache.
+      const bool stream = !fresh && static_cast<int64_t>(out->size_bytes()) >= kStreamBytes;
       constexpr int64_t kTile = 4096 / int64_t(sizeof(T));  // 256 elements or more
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
         alignas(64) T tile[kTile];
