@@ -419,10 +419,10 @@ def test_large_result_unaligned_rows(cshape):
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32, np.float64, np.complex128])
-def test_results_past_the_cache_are_streamed_exactly(dtype):
-    # From 16 MiB of result the kernel blends through an L1 tile and writes with streaming
-    # stores: every width, dense / broadcast / scalar / row-wise conditions, and a length
-    # that leaves a partial tile at the end.
+def test_results_of_many_mib_are_exact(dtype):
+    # 17 MiB of result, threads and the huge-page hint: every width, dense / broadcast /
+    # scalar / row-wise conditions, and a length that leaves a partial 4 KiB tile at the
+    # end. (Streaming stores, from 64 MiB into a reused buffer: test_stores.py.)
     rng = np.random.default_rng(3)
     n = (17 << 20) // np.dtype(dtype).itemsize + 13
     m = n // 1000
