@@ -93,9 +93,9 @@ struct GatherCall {
   const T* pad;
   T* out;
   bool check_bounds;
-  int64_t row_out;     // elements of one result row
-  int64_t total_rows;  // result rows, over the whole batch
-  bool fresh = false;  // out was just mapped by PrefaultFresh: its lines are in cache
+  int64_t row_out;      // elements of one result row
+  int64_t total_rows;   // result rows, over the whole batch
+  bool stream = false;  // write out with streaming stores (PrepareResult)
 };
 
 // The row loop. RB > 0: rows are unpadded and RB bytes long, so the copy is a few inline
@@ -124,12 +124,11 @@ void GatherRows(ffi::ThreadPool& pool, const GatherCall<T>& call) {
   // that work, not memory, bounds the copy.
   const int64_t blk = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 4, kRowBlock);
   const bool prefetch = g.src_size * int64_t(sizeof(T)) > (int64_t{1} << 20);
-  // Streaming stores only for results well past the last-level cache: measured at 32 MiB
-  // (random 512-byte rows, 2 threads, the cores shared) regular stores were as fast or
-  // faster, and they leave the result's tail in cache for whatever reads it next.
-  // (Nor into a buffer just mapped, whose zeroed lines are in cache: see PrefaultFresh.)
-  const bool stream =
-      !call.fresh && call.total_rows * row_out * int64_t(sizeof(T)) >= 4 * kStreamBytes;
+  // call.stream (GatherImpl): streaming stores only for results well past the last-level
+  // cache, from 64 MiB: at 32 MiB (random 512-byte rows, 2 threads, the cores shared)
+  // regular stores were as fast or faster, and they leave the result's tail in cache for
+  // whatever reads it next. Never into a buffer just mapped (see PrepareResult).
+  const bool stream = call.stream;
   DynamicFor(pool, call.total_rows, min_chunk, [&](int64_t begin, int64_t end) {
     const char* ptrs[2][kRowBlock];  // a block's source rows, nullptr: pad
     int64_t u = begin, b = begin / nn, i = begin - b * nn;
@@ -252,7 +251,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer o
           check_bounds,
           row_out,
           total_rows};
-      call.fresh = PrefaultFresh(call.out, out->size_bytes());
+      call.stream = PrepareResult(call.out, out->size_bytes(), 4 * kStreamBytes);
       GatherKernel(pool, call);
       return ffi::Error::Success();
     }

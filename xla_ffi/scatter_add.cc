@@ -203,7 +203,7 @@ void AddByRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t
 template <typename Acc, Conv C>
 ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_data,
                       void* out_data, int64_t out_elems, int lanes, const int64_t* targets,
-                      const uint64_t* seen, int64_t total_rows, bool fresh) {
+                      const uint64_t* seen, int64_t total_rows, bool stream_out) {
   using Stored = typename RowAdder<Acc, C>::Stored;
   const int64_t E = g.inner * g.last * lanes;  // Acc values per src row
   const int64_t L = g.row_len * lanes;         // Acc values per padded ct sub-row
@@ -213,8 +213,8 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_
   // rows no contribution reaches (clear in `seen`) are zeroed.
   // The output does not stay in cache: first contributions and zeroed rows are written
   // with non-temporal stores (no read of the line before it is overwritten); not into a
-  // buffer just mapped (PrefaultFresh), whose zeroed lines are in cache.
-  const bool stream = C == Conv::kNone && !fresh && out_n * int64_t(sizeof(Acc)) >= kStreamBytes;
+  // buffer just mapped, whose zeroed lines are in cache (`stream_out`: PrepareResult).
+  const bool stream = C == Conv::kNone && stream_out;
 #if defined(__SSE2__)
   const bool nt_first = stream && std::is_same_v<Acc, float>;
 #else
@@ -310,14 +310,14 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
   const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
   std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
   if (row_src > 0) FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets, seen);
-  const bool fresh = PrefaultFresh(out->untyped_data(), out->size_bytes());
+  const bool stream = PrepareResult(out->untyped_data(), out->size_bytes(), kStreamBytes);
 
   // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
   // as unsigned of their width (two's complement wraps alike), complex as float lanes.
   auto run = [&](auto acc, auto conv, int64_t lanes) {
     return ScatterRun<decltype(acc), decltype(conv)::value>(
         pool, g, ct.untyped_data(), out->untyped_data(), out_elems, lanes, targets.data(),
-        seen.data(), static_cast<int64_t>(targets.size()), fresh);
+        seen.data(), static_cast<int64_t>(targets.size()), stream);
   };
   using Plain = std::integral_constant<Conv, Conv::kNone>;
   switch (dt) {

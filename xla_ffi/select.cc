@@ -190,7 +190,14 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
     }
   }
 
-  const bool fresh = !in_place && PrefaultFresh(out->untyped_data(), out->size_bytes());
+  // Past the last-level cache, a reused result is written a few KiB at a time: blended
+  // into a tile that stays in L1, then streamed out, so its lines are not read before
+  // being written (not a result just mapped, whose zeroed lines are in cache). From
+  // 64 MiB, as the gather: at 16 MiB on reused buffers regular stores were faster (bf16
+  // and int8 2^22 selects 0.99-1.05x -> 1.11-1.18x of jnp.where, the broadcast case
+  // 0.71-0.84x -> 1.00-1.24x).
+  const bool stream =
+      !in_place && PrepareResult(out->untyped_data(), out->size_bytes(), 4 * kStreamBytes);
   const size_t width = ffi::ByteWidth(out->element_type());
   return DispatchWidth(width, [&](auto tag) -> ffi::Error {
     using T = decltype(tag);
@@ -210,13 +217,6 @@ ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::An
       });
     } else {
       const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
-      // Past the last-level cache, blend a few KiB at a time into a tile that stays in L1
-      // and stream it out, so the result's lines are not read before being written; not
-      // into a buffer just mapped (PrefaultFresh), whose zeroed lines are in cache. From
-      // 64 MiB, as the gather: at 16 MiB on reused buffers regular stores were faster
-      // (bf16 and int8 2^22 selects 0.99-1.05x -> 1.11-1.18x of jnp.where, the broadcast
-      // case 0.71-0.84x -> 1.00-1.24x).
-      const bool stream = !fresh && static_cast<int64_t>(out->size_bytes()) >= 4 * kStreamBytes;
       constexpr int64_t kTile = 4096 / int64_t(sizeof(T));  // 256 elements or more
       ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
         alignas(64) T tile[kTile];
