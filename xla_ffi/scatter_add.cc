@@ -190,9 +190,19 @@ void AddByRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t
                                ? std::max<int64_t>(1, out_rows / threads)
                                : std::max<int64_t>(1, out_rows);
   ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
-    for (int64_t u = 0; u < total_rows; ++u) {
-      const int64_t t = targets[u] & ~kFirst;
-      if (targets[u] >= 0 && t >= rb && t < re) add(u, targets[u], 0, E);
+    // The targets are in random order, so "is this row mine" is a coin toss per row for
+    // the branch predictor: pick a block's rows without a branch, then add them.
+    constexpr int64_t kBlock = 512;
+    int64_t mine[kBlock];
+    for (int64_t u0 = 0; u0 < total_rows; u0 += kBlock) {
+      const int64_t u1 = std::min(total_rows, u0 + kBlock);
+      int64_t n = 0;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t t = targets[u] & ~kFirst;  // dropped rows (-1) stay negative
+        mine[n] = u;
+        n += (t >= rb) & (t < re);
+      }
+      for (int64_t q = 0; q < n; ++q) add(mine[q], targets[mine[q]], 0, E);
     }
     if (add.stream) StreamFence();
   });
