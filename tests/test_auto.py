@@ -189,7 +189,10 @@ TABLE = {
     "select.lax.s0_single": 1e-6, "select.lax.s0": 10e-6, "select.lax.s_per_byte": 1e-10,
     "select.native.s0_single": 2e-6, "select.native.s0": 3e-6,
     "select.native.s_per_byte": 0.5e-10,
-    "gather.lax.s0": 5e-6, "gather.lax.s_per_row": 2e-8, "gather.lax.s_per_byte": 1e-10,
+    "gather.lax.s0": 5e-6,
+    # XLA's loop 3x the kernel's on short rows, 1.5x from 75 elements
+    **{f"gather.lax.row_ratio.{n}": 3.0 if n < 75 else 1.5
+       for n in (8, 16, 32, 48, 64, 74, 75, 96, 128, 256, 512)},
     "gather.native.s0": 3e-6, "gather.native.s_per_row": 2e-9,
     "gather.native.s_per_byte": 0.5e-10,
     "scatter_add.lax.s0": 10e-6, "scatter_add.lax.s_per_row": 1e-8,
@@ -274,6 +277,38 @@ def test_auto_gather_and_its_gradient(table):
     assert d.impl == "native" and "src: argument" in d.reason, d
 
 
+def test_lax_gather_is_estimated_at_its_row_length(table):
+    """XLA's gather loop is estimated as the kernel's loop times the ratio measured at
+    the longest row length of ROW_LENGTHS not above the result's last dim: a step (f32
+    rows of 74 and 75 elements differ 2.5x on XLA:CPU), whatever the lengths between."""
+    from jax_ext import _cost_table
+
+    def est(cols, n=2048):
+        tab = np.zeros((4096, cols), np.float32)
+        idx = np.zeros(n, np.int32)
+        (d,) = jax_ext.explain(lambda t, i: jax_ext.gather(t, [0], 0, i, align_bytes=None),
+                               tab, idx)
+        return d
+    table.update({f"gather.lax.row_ratio.{n}": float(k + 1)
+                  for k, n in enumerate(_cost_table.ROW_LENGTHS)})
+    loop = {}
+    for cols in (74, 75, 100, 8, 4, 1000):
+        d = est(cols)
+        out = 2048 * cols * 4
+        small = 2048 * 4 + 3 * 4  # index, offsets, num_indices, pad_value
+        loop[cols] = (TABLE["gather.native.s_per_row"] * 2048
+                      + TABLE["gather.native.s_per_byte"] * (small + 2 * out))
+        at = max([n for n in _cost_table.ROW_LENGTHS if n <= cols] or [8])
+        assert np.isclose(d.est_lax_s, TABLE["gather.lax.s0"]
+                          + table[f"gather.lax.row_ratio.{at}"] * loop[cols]), (cols, d)
+    # where XLA's loop is as fast as the kernel's, the lax path is kept (NATIVE_MARGIN)
+    table.update({f"gather.lax.row_ratio.{n}": 1.0 for n in _cost_table.ROW_LENGTHS})
+    table["gather.lax.s0"] = table["gather.native.s0"]
+    assert est(128, n=16384).impl == "lax"  # 8 MiB: no fresh mapping either side
+    table["gather.lax.row_ratio.128"] = 3.0
+    assert est(128, n=16384).impl == "native" and est(96, n=16384).impl == "lax"
+
+
 def test_xla_reads_float_reductions_from_memory():
     """The finding _auto._MEMORY_REDUCTIONS rests on: XLA:CPU does not fuse a select into a
     float32 sum or max (a loop fusion writes it, a YNNPACK fusion reduces it), while it
@@ -310,7 +345,8 @@ def test_materializing_is_a_cost_not_a_veto(table):
                       TABLE["materialize.s0"] + TABLE["materialize.s_per_byte"] * out)
     # ... and, fused, the lax op launches no loop of its own (no fixed cost).
     assert np.isclose(alone.est_lax_s - fused.est_lax_s,
-                      TABLE["gather.lax.s_per_byte"] * out + TABLE["gather.lax.s0"])
+                      TABLE["gather.lax.row_ratio.64"] * TABLE["gather.native.s_per_byte"] * out
+                      + TABLE["gather.lax.s0"])
     assert fused.impl == "lax"
     table["materialize.s_per_byte"] = 1e-12
     (cheap,) = jax_ext.explain(lambda t, i: jnp.concatenate([g(t, i), g(t, i)[:1]]), tab, idx

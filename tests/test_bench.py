@@ -179,6 +179,7 @@ def test_quick_calibration_writes_a_complete_table(tmp_path, capsys, monkeypatch
     assert set(mod.TABLE) == set(_cost_table.TABLE) == set(mod.FITTED_ON)
     assert all(isinstance(v, float) and v >= 0 for v in mod.TABLE.values())
     assert mod.POOL_MIN_BYTES == _cost_table.POOL_MIN_BYTES and str(tmp_path) not in out.read_text()
+    assert mod.ROW_LENGTHS == _cost_table.ROW_LENGTHS
     # without --table it prints the table and the path it would replace (not re-timed)
     from jax_ext.bench import calibrate
     monkeypatch.setattr(calibrate, "calibrate", lambda quick, log: (mod.TABLE, mod.FITTED_ON))

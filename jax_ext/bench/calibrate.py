@@ -63,8 +63,18 @@ def _both(fn):
 
 
 def _reps(nbytes, quick):
-    iters = max(1, min(200, int(2e6 / max(nbytes, 1))))
-    return (5 if quick else 11), iters
+    """Rounds and calls per timing of an op: one blocking call each, as a standalone
+    call runs (several calls in flight hide what a lone one waits for: a 4096-row
+    gather took XLA 92 us called alone and 17 us seven at a time, the kernel 26 and 18,
+    the difference being XLA's wait for its thread pool to wake); more rounds for small
+    calls, whose single timings scatter more."""
+    return (5 if quick else 11) * (3 if nbytes < (1 << 20) else 1), 1
+
+
+def _reps_in_flight(nbytes, quick):
+    """For the materializing loop, which runs inside a program between other ops (the
+    pool awake): calls back to back, a few ms per timing."""
+    return (5 if quick else 11), max(1, min(200, int(2e6 / max(nbytes, 1))))
 
 
 def _fit(rows, names, log=None, what=""):
@@ -150,6 +160,76 @@ def _less_fresh(t, table, impl, nbytes):
     return max(t - _fresh(table, impl, nbytes), 0.2 * t)
 
 
+def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
+    """XLA's gather loop over the kernel's, per row length: both run the same gather of
+    about 4 MiB of f32 rows (random rows of a source 4x that), one blocking call each in
+    turn; per pair of neighbouring calls (the machine's drift cancels within a pair) the
+    ratio of their times less each side's fixed cost, and the median of those. XLA's loop
+    runs over the result's last dim innermost and its code changes in steps with that
+    length (f32 rows of 74 elements and of 75 differ by 2.5x here), so the ratio is
+    measured at each length of ROW_LENGTHS, not fitted."""
+    ratios = {}
+    fn = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
+    rounds = 11 if quick else 31
+    for cols in _cost_table.ROW_LENGTHS:
+        k = min(max((4 << 20) // (cols * _F32), 4096), 131072)
+        src = jnp.asarray(rng.standard_normal((4 * k, cols)).astype(np.float32))
+        idx = jnp.asarray(rng.integers(0, 4 * k, k).astype(np.int32))
+        t = {}
+        for impl in ("native", "lax"):
+            with jax_ext.implementation(impl):
+                c = fn.lower(src, idx).compile()
+            jax.block_until_ready(c(src, idx))
+
+            def call(c=c):
+                t0 = time.perf_counter()
+                jax.block_until_ready(c(src, idx))
+                return time.perf_counter() - t0
+            t[impl] = call
+        pairs = []
+        for r in range(rounds):
+            order = ("native", "lax") if r % 2 == 0 else ("lax", "native")
+            got = {impl: t[impl]() for impl in order}
+            pairs.append(max(got["lax"] - s0_lax, 1e-7) / max(got["native"] - s0_native, 1e-7))
+        ratios[cols] = statistics.median(pairs)
+        log(f"  gather rows of {cols} elements, n={k}: lax/native {ratios[cols]:.2f} "
+            f"[{min(pairs):.2f}-{max(pairs):.2f}]")
+    return ratios
+
+
+def fresh_times(quick: bool) -> dict:
+    """The select of a result just above glibc's mmap threshold, timed as is (a fresh
+    mapping per call) and with glibc told to reuse its heap; run by _fresh_in_child."""
+    rng = np.random.default_rng(1)
+    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
+    c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
+    x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    reps = 7 if quick else 15
+    t = _timer(_both(jax_ext.where), (c, x, y), reps, 1)
+    with _no_fresh_mappings() as ok:
+        t_reused = _timer(_both(jax_ext.where), (c, x, y), reps, 1) if ok else None
+    return {"n": n, "fresh": t, "reused": t_reused}
+
+
+def _fresh_in_child(quick: bool):
+    import json
+    import subprocess
+    import tempfile
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    code = ("import json, sys; from jax_ext.bench.calibrate import fresh_times; "
+            f"print(json.dumps(fresh_times({bool(quick)})))")
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env,
+                           capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"calibration: timing the fresh mapping in a child process failed "
+                           f"({r.returncode}):\n{r.stderr[-2000:]}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return got["n"], got["fresh"], got["reused"]
+
+
 def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]:
     rng = np.random.default_rng(0)
     table: dict[str, float] = {}
@@ -182,9 +262,24 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         notes[f"select.{impl}.s_per_byte"] = (f"{impl} select f32 on arguments, {sizes}: "
                                               "per byte read + written")
 
-    # row gather on arguments: rows x row length
-    shapes = ([(16384, 8, 4096), (65536, 64, 16384), (16384, 128, 2048), (4096, 16, 256)]
-              if quick else
+    # materializing: one fused XLA loop writing a result (x * 2)
+    mp = []
+    for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
+        x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
+        t = _timer({"lax": (jax.jit(lambda x: x * 2), "lax")}, (x,),
+                   *_reps_in_flight(8 << k, quick))
+        mp.append(([1.0, 2 * (4 << k)], t["lax"]))
+    fit = _fit(mp, ["s0", "s_per_byte"])
+    table["materialize.s0"], table["materialize.s_per_byte"] = fit["s0"], fit["s_per_byte"]
+    notes["materialize.s0"] = "x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept"
+    notes["materialize.s_per_byte"] = "x * 2 f32, same sizes: per byte read or written"
+
+    # row gather on arguments: the kernel's loop fitted on rows x row length, XLA's
+    # measured against it per row length (last, below); the two tiny shapes pin each
+    # side's fixed cost, for gathers and gradients alike
+    shapes = ([(64, 16, 8), (1024, 64, 64), (16384, 8, 4096), (65536, 64, 16384),
+               (16384, 128, 2048), (4096, 16, 256)]
+              if quick else [(64, 16, 8), (1024, 64, 64)] +
               [(16384, 8, 4096), (65536, 64, 16384), (65536, 64, 65536), (16384, 128, 2048),
                (262144, 128, 65536), (4096, 16, 256), (1048576, 16, 262144),
                (65536, 32, 8192), (4096, 8, 4096), (100000, 256, 4096)])
@@ -211,20 +306,15 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
             f"lax {ts['lax'] * 1e6:.1f} us")
         for impl in gp:
             if t is not None:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out, cols))
             tab = rows * cols * _F32
             sp[impl].append(([1.0, k, out, tab], ts[impl], tab))
     # fresh mapping: a result above glibc's mmap threshold is mapped anew on every call;
     # the same select timed with glibc told not to map (so it reuses its heap) gives the
-    # cost of the mapping itself, per result byte
-    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
-    c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
-    x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
-    reps = 5 if quick else 9
-    t = _timer(_both(jax_ext.where), (c, x, y), reps, 2)
-    with _no_fresh_mappings() as ok:
-        t_reused = _timer(_both(jax_ext.where), (c, x, y), reps, 2) if ok else None
-    del c, x, y
+    # cost of the mapping itself, per result byte. Timed in a process of its own, as the
+    # benchmark runs each program: in this one, after the grid above, the kernel's fresh
+    # select read 10.0 ms against 8.6 in a new process (XLA's 10.2 and 9.9).
+    n, t, t_reused = _fresh_in_child(quick)
     for impl in ("native", "lax"):
         if t_reused is not None:
             extra, how = t[impl] - t_reused[impl], "the same call on reused heap memory"
@@ -239,15 +329,23 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         log(f"  select {n * _F32 >> 20} MiB: {impl} {t[impl] * 1e3:.2f} ms fresh"
             + (f", {t_reused[impl] * 1e3:.2f} ms reused" if t_reused else ""))
 
-    for impl in gp:
-        # fitted on what is left once the fresh mapping of a big result is paid
-        gp[impl] = [(x, _less_fresh(t, table, impl, b)) for x, t, b in gp[impl]]
+    # fitted on what is left once the fresh mapping of a big result is paid
+    gp = {impl: [(x, _less_fresh(t, table, impl, b), c) for x, t, b, c in p]
+          for impl, p in gp.items()}
+    fit = _fit([(x, t) for x, t, _ in gp["native"]], ["s0", "s_per_row", "s_per_byte"], log,
+               "gather native")
+    for key, v in fit.items():
+        table[f"gather.native.{key}"] = v
+        notes[f"gather.native.{key}"] = (f"native row gather f32 on arguments, "
+                                         f"{len(shapes)} shapes (rows x row bytes)")
+    # XLA's launch: what its small calls take beyond the kernel's loop
+    small = [t - (t_n - fit["s0"]) for (x, t, _), (_, t_n, _) in zip(gp["lax"], gp["native"])
+             if x[2] <= 300_000]
+    table["gather.lax.s0"] = max(0.0, statistics.median(small))
+    notes["gather.lax.s0"] = ("lax row gather f32 on arguments, the shapes of under 300 KB "
+                              "moved: time beyond the kernel's loop")
+    for impl in sp:
         sp[impl] = [(x, _less_fresh(t, table, impl, b)) for x, t, b in sp[impl]]
-        fit = _fit(gp[impl], ["s0", "s_per_row", "s_per_byte"], log, f"gather {impl}")
-        for key, v in fit.items():
-            table[f"gather.{impl}.{key}"] = v
-            notes[f"gather.{impl}.{key}"] = (f"{impl} row gather f32 on arguments, "
-                                             f"{len(shapes)} shapes (rows x row bytes)")
         fit = _fit(sp[impl], ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"], log,
                    f"scatter-add {impl}")
         for key, v in fit.items():
@@ -256,16 +354,14 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
                 f"{impl}: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and "
                 f"{len(tables)} big tables with small cotangents")
 
-    # materializing: one fused XLA loop writing a result (x * 2)
-    mp = []
-    for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
-        x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
-        t = _timer({"lax": (jax.jit(lambda x: x * 2), "lax")}, (x,), *_reps(8 << k, quick))
-        mp.append(([1.0, 2 * (4 << k)], t["lax"]))
-    fit = _fit(mp, ["s0", "s_per_byte"])
-    table["materialize.s0"], table["materialize.s_per_byte"] = fit["s0"], fit["s_per_byte"]
-    notes["materialize.s0"] = "x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept"
-    notes["materialize.s_per_byte"] = "x * 2 f32, same sizes: per byte read or written"
+    # last: glibc's thresholds stay fixed once set (mallopt ends its dynamic threshold)
+    with _no_fresh_mappings():  # the loops alone, without glibc trimming and refaulting
+        ratios = _row_ratios(rng, quick, log, table["gather.native.s0"], table["gather.lax.s0"])
+    for cols, r in ratios.items():
+        table[f"gather.lax.row_ratio.{cols}"] = r
+        notes[f"gather.lax.row_ratio.{cols}"] = (
+            f"lax over native row gather, rows of {cols} f32 elements, about 4 MiB of result, "
+            "fixed costs taken off")
     missing = set(_cost_table.TABLE) - set(table)
     if missing:
         raise RuntimeError(f"calibration left out {sorted(missing)}")
@@ -285,6 +381,9 @@ def render(table, notes, machine: str) -> str:
              "every call.",
              f"POOL_MIN_BYTES = {_cost_table.POOL_MIN_BYTES}",
              f"MMAP_THRESHOLD_BYTES = {_cost_table.MMAP_THRESHOLD_BYTES >> 20} << 20",
+             "# The row lengths (elements of the result's last dim) at which XLA's gather loop",
+             "# is timed against the kernel's (gather.lax.row_ratio.*).",
+             f"ROW_LENGTHS = {tuple(_cost_table.ROW_LENGTHS)!r}",
              "# Policy, not fitted: the kernel runs only where estimated this much cheaper; "
              "within",
              "# the fit's noise the lax path (which fuses like the jnp code) is kept.",
@@ -312,8 +411,9 @@ def markdown(table, notes, machine: str) -> str:
              "| constant | value | fitted on |", "|---|---:|---|"]
     for k in _cost_table.TABLE:
         v = table[k]
-        unit = ("ns/byte", v * 1e9) if "per_byte" in k or "byte" in k.split(".")[-1] else (
-            ("ns/row", v * 1e9) if "per_row" in k else ("us", v * 1e6))
+        unit = ("x", v) if ".row_ratio." in k else (
+            ("ns/byte", v * 1e9) if "per_byte" in k or "byte" in k.split(".")[-1] else (
+                ("ns/row", v * 1e9) if "per_row" in k else ("us", v * 1e6)))
         lines.append(f"| `{k}` | {unit[1]:.4g} {unit[0]} | {notes[k]} |")
     return "\n".join(lines) + "\n"
 
