@@ -339,9 +339,9 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         notes[f"gather.native.{key}"] = (f"native row gather f32 on arguments, "
                                          f"{len(shapes)} shapes (rows x row bytes)")
     # XLA's launch: what its small calls take beyond the kernel's loop
-    small = [t - (t_n - fit["s0"]) for (x, t, _), (_, t_n, _) in zip(gp["lax"], gp["native"])
-             if x[2] <= 300_000]
-    table["gather.lax.s0"] = max(0.0, statistics.median(small))
+    launch = [float(t_l - (t_n - fit["s0"]))
+              for (x, t_l, _), (_, t_n, _) in zip(gp["lax"], gp["native"]) if x[2] <= 300_000]
+    table["gather.lax.s0"] = max(0.0, statistics.median(launch))
     notes["gather.lax.s0"] = ("lax row gather f32 on arguments, the shapes of under 300 KB "
                               "moved: time beyond the kernel's loop")
     for impl in sp:
