@@ -409,14 +409,15 @@ def choose_select(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
     return _decide("select", native, lax, site.notes())
 
 
-def lax_row_ratio(table: dict[str, float], last: int) -> float:
-    """XLA's gather loop over the kernel's, for rows of `last` elements in the result's
-    last dim (which XLA's loop runs over innermost): the ratio measured at the longest
-    of ROW_LENGTHS not above it. A step, not an interpolation: XLA's code changes in
-    steps with the length (f32 rows of 74 elements and of 75 differ by 2.5x)."""
+def _lax_row_ratio(out_shape: Sequence[int]) -> float:
+    """XLA's gather loop over the kernel's, for a result whose last dim (which XLA's
+    loop runs over innermost) is that long: the ratio measured at the longest of
+    ROW_LENGTHS not above it. A step, not an interpolation: XLA's code changes in steps
+    with the length (f32 rows of 74 elements and of 75 differ by 2.5x)."""
     from ._cost_table import ROW_LENGTHS
+    last = int(out_shape[-1]) if len(out_shape) else 1
     at = max((n for n in ROW_LENGTHS if n <= last), default=ROW_LENGTHS[0])
-    return table[f"gather.lax.row_ratio.{at}"]
+    return _c(f"gather.lax.row_ratio.{at}")
 
 
 def choose_gather(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any],
@@ -429,10 +430,7 @@ def choose_gather(prim: Any, ctx: Any, names: Sequence[str], args: Sequence[Any]
     rows = math.prod(int(d) for d in ctx.avals_out[0].shape[:nbatch + 1])
     out, src_mem = site.out_bytes, site.operands[0][2]
     small = sum(n for name, n, _, _ in site.operands if name != "src")
-    from ._cost_table import TABLE
-    shape = ctx.avals_out[0].shape
-    ratio = lax_row_ratio(TABLE, int(shape[-1]) if len(shape) else 1)
-    lax = (_lax_s0(site, "gather.lax.s0") + ratio * (
+    lax = (_lax_s0(site, "gather.lax.s0") + _lax_row_ratio(ctx.avals_out[0].shape) * (
            _c("gather.native.s_per_row") * rows
            + _c("gather.native.s_per_byte") * (small + out * (2 if site.result_kept else 1)))
            + (_fresh("lax", out) if site.result_kept else 0.0))

@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import jax_ext
-from jax_ext import _lowering
+from jax_ext import _cost_table, _lowering
 from helpers import assert_bits_equal
 
 BIG = 1 << 16  # elements: enough work for auto's thresholds in f32
@@ -192,7 +192,7 @@ TABLE = {
     "gather.lax.s0": 5e-6,
     # XLA's loop 3x the kernel's on short rows, 1.5x from 75 elements
     **{f"gather.lax.row_ratio.{n}": 3.0 if n < 75 else 1.5
-       for n in (8, 16, 32, 48, 64, 74, 75, 96, 128, 256, 512)},
+       for n in _cost_table.ROW_LENGTHS},
     "gather.native.s0": 3e-6, "gather.native.s_per_row": 2e-9,
     "gather.native.s_per_byte": 0.5e-10,
     "scatter_add.lax.s0": 10e-6, "scatter_add.lax.s_per_row": 1e-8,
@@ -281,8 +281,6 @@ def test_lax_gather_is_estimated_at_its_row_length(table):
     """XLA's gather loop is estimated as the kernel's loop times the ratio measured at
     the longest row length of ROW_LENGTHS not above the result's last dim: a step (f32
     rows of 74 and 75 elements differ 2.5x on XLA:CPU), whatever the lengths between."""
-    from jax_ext import _cost_table
-
     def est(cols, n=2048):
         tab = np.zeros((4096, cols), np.float32)
         idx = np.zeros(n, np.int32)

@@ -29,6 +29,7 @@ import numpy as np
 import jax_ext
 from .. import _cost_table
 from .report import machine_info
+from .timing import child_env
 
 _F32 = 4
 
@@ -215,9 +216,7 @@ def _fresh_in_child(quick: bool):
     import json
     import subprocess
     import tempfile
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = child_env()
     code = ("import json, sys; from jax_ext.bench.calibrate import fresh_times; "
             f"print(json.dumps(fresh_times({bool(quick)})))")
     with tempfile.TemporaryDirectory() as tmp:
@@ -306,7 +305,7 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
             f"lax {ts['lax'] * 1e6:.1f} us")
         for impl in gp:
             if t is not None:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out, cols))
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
             tab = rows * cols * _F32
             sp[impl].append(([1.0, k, out, tab], ts[impl], tab))
     # fresh mapping: a result above glibc's mmap threshold is mapped anew on every call;
@@ -330,9 +329,9 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
             + (f", {t_reused[impl] * 1e3:.2f} ms reused" if t_reused else ""))
 
     # fitted on what is left once the fresh mapping of a big result is paid
-    gp = {impl: [(x, _less_fresh(t, table, impl, b), c) for x, t, b, c in p]
+    gp = {impl: [(x, _less_fresh(t, table, impl, b)) for x, t, b in p]
           for impl, p in gp.items()}
-    fit = _fit([(x, t) for x, t, _ in gp["native"]], ["s0", "s_per_row", "s_per_byte"], log,
+    fit = _fit(gp["native"], ["s0", "s_per_row", "s_per_byte"], log,
                "gather native")
     for key, v in fit.items():
         table[f"gather.native.{key}"] = v
@@ -340,7 +339,7 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
                                          f"{len(shapes)} shapes (rows x row bytes)")
     # XLA's launch: what its small calls take beyond the kernel's loop
     launch = [float(t_l - (t_n - fit["s0"]))
-              for (x, t_l, _), (_, t_n, _) in zip(gp["lax"], gp["native"]) if x[2] <= 300_000]
+              for (x, t_l), (_, t_n) in zip(gp["lax"], gp["native"]) if x[2] <= 300_000]
     table["gather.lax.s0"] = max(0.0, statistics.median(launch))
     notes["gather.lax.s0"] = ("lax row gather f32 on arguments, the shapes of under 300 KB "
                               "moved: time beyond the kernel's loop")

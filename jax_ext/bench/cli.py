@@ -63,7 +63,7 @@ import jax_ext
 
 from .report import format_table, machine_info, plot as _plot, write_report
 from .select import select_cases
-from .timing import measure
+from .timing import child_env, measure
 
 
 def all_cases(quick: bool, devices: int = 0):
@@ -84,9 +84,7 @@ def _isolated(name: str, a, rounds: int) -> list:
     """Measures one case in a fresh Python process (this jax_ext, these options)."""
     import subprocess
     import tempfile
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = child_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         cmd = [sys.executable, "-m", "jax_ext.bench", "--case", name, "--json", out,

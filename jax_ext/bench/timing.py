@@ -67,6 +67,16 @@ def _host_side(fn, host, pattern):
     return call
 
 
+def child_env() -> dict[str, str]:
+    """The environment for measuring in a process of its own: this very jax_ext first on
+    PYTHONPATH (the child runs from a temporary directory, not a clone's root, whose
+    source folder holds no compiled module)."""
+    import os
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
 @functools.lru_cache(maxsize=None)
 def _orders(n):
     """Orders of n sides for the calls of a round: n - 1 rows, each holding every side
