@@ -1,6 +1,7 @@
 """The one place that builds FFI custom calls, plus the glue the lax fallbacks share."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -173,7 +174,8 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
             beyond = kernel_limit(op, ctx, params)
             if beyond is not None:
                 if params.get("impl") == "native":
-                    raise ValueError(f"jax_ext.{op}: impl='native' cannot take this call: "
+                    raise ValueError(f"jax_ext.{params.get('api', op)}: impl='native' "
+                                     f"cannot take this call: "
                                      f"{beyond}. Use impl='auto' or 'lax', which compute it.")
                 use, why = False, beyond
         out = None
@@ -307,17 +309,16 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
 # XLA:CPU moves a few narrow float types through select, pad and broadcast by converting
 # them to float32 and back, which rewrites NaN payloads, quiets signalling NaNs and flushes
 # denormals (XLA_INEXACT; pinned by tests/test_auto.py). The lax paths view those as
-# unsigned integers. A same-width view is not always enough for bfloat16: in a fused loop
-# that gathers, then selects or pads (the lax gather), XLA:CPU's code generator still
-# moves the values through float32 somewhere between the two bitcasts (0x7f91 came out
-# 0x7fd1, 0x0001 as 0: with padding columns, and with pad rows of a constant pad value;
-# an opaque xor before the bitcast back did not help). So the lax gather moves bfloat16
-# as its bytes, uint8[..., 2], which XLA splits and rejoins with shifts (`bytes=True`).
-# The cost: XLA no longer fuses an arithmetic producer of src into the gather. The select
-# keeps the same-width view: exact in every neighbourhood tried (slices, transposes,
-# reversals, chains, constants), and a donated operand is still updated in place. The
-# 8-bit floats move as uint8 (no 8-bit float type to fold back to). Every other dtype
-# moves as is. tests/test_lax_exact.py pins both paths inside the fusions users write.
+# unsigned integers. A same-width view is not enough for bfloat16 in a fused loop that
+# gathers, then selects or pads (the lax gather): XLA:CPU can fold the two bitcasts away
+# and move the values through float32 between them. So the lax gather moves bfloat16 as
+# its bytes, uint8[..., 2], split and rejoined with shifts, which XLA cannot fold (a
+# width-changing bitcast would be folded no better, and cannot be shape-refined once a
+# dimension is symbolic). The cost: XLA no longer fuses an arithmetic producer of src into
+# the gather. The select keeps the same-width view, which stays exact in the fusions
+# around a select, and a donated operand is still updated in place. The 8-bit floats move
+# as uint8. Every other dtype moves as is. tests/test_lax_exact.py pins both paths inside
+# the fusions users write; docs/performance.md has what was observed.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
 BYTE_VIEW = frozenset({"bfloat16"})
 
@@ -334,7 +335,13 @@ def exact_view(x, bytes: bool = False):
     (and for the other dtypes) a same-width uint."""
     dt = np.dtype(x.dtype)
     if bytes and dt.name in BYTE_VIEW:
-        return lax.bitcast_convert_type(x, np.uint8)
+        # Split by shifts, not by a bitcast to uint8: a bitcast that changes the element
+        # width cannot be shape-refined once a dimension is symbolic (jax.export).
+        u = lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
+        return lax.concatenate(
+            [lax.convert_element_type(lax.shift_right_logical(u, u.dtype.type(8 * k)),
+                                      np.uint8)[..., None] for k in range(dt.itemsize)],
+            x.ndim)
     if dt.name not in XLA_INEXACT:
         return x
     return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
@@ -353,4 +360,13 @@ def explicit_sharding(aval, extra=()):
 
 def from_view(v, dtype):
     """Inverse of exact_view for values of `dtype`."""
-    return v if v.dtype == np.dtype(dtype) else lax.bitcast_convert_type(v, dtype)
+    dt = np.dtype(dtype)
+    if v.dtype == dt:
+        return v
+    if v.dtype == np.uint8 and dt.itemsize > 1:  # a byte view: rejoin by shifts
+        wide = np.dtype(f"uint{8 * dt.itemsize}")
+        u = functools.reduce(lax.bitwise_or, [
+            lax.shift_left(lax.convert_element_type(v[..., k], wide), wide.type(8 * k))
+            for k in range(dt.itemsize)])
+        return lax.bitcast_convert_type(u, dt)
+    return lax.bitcast_convert_type(v, dt)

@@ -244,3 +244,47 @@ def test_symbolic_exports_on_the_lax_path(name):
             for got, want in zip(jax.tree.leaves(exp.call(*args)),
                                  jax.tree.leaves(jax.jit(fn)(*args))):
                 assert_bits_equal(got, want)
+
+
+def _hard_bits(dtype, shape, seed):
+    """Values with NaN payloads, signalling NaNs, -0.0 and denormals among random bits."""
+    dt = np.dtype(dtype)
+    raw = _rng(seed).integers(0, 256, size=tuple(shape) + (dt.itemsize,), dtype=np.uint8)
+    out = raw.view(dt).reshape(shape).copy()
+    if dt.itemsize == 2:
+        special = np.array([0x7f91, 0xffc1, 0x0001, 0x8000, 0x7f81], np.uint16).view(dt)
+        out.reshape(-1)[:special.size] = special[:out.size]
+    return out
+
+
+@pytest.mark.parametrize("platforms", [("cpu",), ("cpu", "cuda")])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e5m2", "float16"])
+def test_symbolic_exact_views_refine(dtype, platforms):
+    """The lax path's exact views (bfloat16 moved as bytes through the gather, as uint16
+    through the select; float8 as uint8) keep shape refinement possible with symbolic dims,
+    for a portable export and under implementation("lax"), and keep every bit."""
+    import ml_dtypes
+    dt = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    scope = jax.export.SymbolicScope()
+    sds = lambda s, d: jax.ShapeDtypeStruct(jax.export.symbolic_shape(s, scope=scope), d)  # noqa: E731
+    pad = _hard_bits(dt, (), 3)
+    fns = {
+        "gather": (lambda s, i: jax_ext.gather(s, [0], 0, i, num_indices=3, pad_value=pad),
+                   [sds("r, 5", dt), sds("n", np.int32)],
+                   lambda r, n: (_hard_bits(dt, (r, 5), r), _idx(n, n, r + 2))),
+        "where": (lambda c, x, y: jax_ext.where(c, x, y),
+                  [sds("r, c", np.bool_), sds("r, c", dt), sds("c", dt)],
+                  lambda r, c: (_cond((r, c), r), _hard_bits(dt, (r, c), c),
+                                _hard_bits(dt, (c,), r))),
+    }
+    for name, (fn, specs, make) in fns.items():
+        with jax_ext.implementation("lax"):
+            exp = jax.export.export(jax.jit(fn), disabled_checks=jax_ext.export_checks(),
+                                    platforms=platforms)(*specs)
+        for r, n in ((1, 3), (4, 6), (9, 4)):
+            args = make(r, n)
+            with jax_ext.implementation("lax"):
+                want = jax.jit(fn)(*args)
+            assert_bits_equal(exp.call(*args), want)
+            if name == "where":
+                assert_bits_equal(want, np.where(args[0], args[1], args[2]).view(dt))
