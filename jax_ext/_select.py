@@ -9,7 +9,8 @@ result; the primitive ``jax_ext_select`` takes
   not name are broadcast too. The native kernel reads such operands with zero strides,
   so nothing is materialized, and vmap only has to extend the maps;
 * ``impl``: the implementation requested, "auto", "native" or "lax", fixed when the
-  primitive is bound; what runs is settled per call site when it is lowered.
+  primitive is bound; what runs is settled per call site when it is lowered;
+* ``api``: the front-end that bound it ("select", "where" or "where3"), for messages.
 """
 from __future__ import annotations
 
@@ -78,10 +79,15 @@ def _values(x, y, names: tuple[str, str], fn: str):
     x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
     strong = [not is_py_scalar(v) and not jax.typeof(v).weak_type for v in (x, y)]
     if all(strong) and x.dtype != y.dtype:
+        hint = ""
+        if any(v.ndim == 0 and v.dtype == np.bool_ for v in (x, y)):
+            hint = ("; a Python bool passed as a jax.jit argument arrives as a typed bool[] "
+                    "(JAX gives bools no weak type): make that argument static, or pass it "
+                    "in the other operand's dtype")
         raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
                         f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
                         f"{_fmt(y.shape)} (jax_ext never promotes two typed arrays; cast one "
-                        "explicitly)")
+                        f"explicitly){hint}")
     dt, weak = jax.dtypes.result_type(x, y, return_weak_type_flag=True)
     return tuple(_typed(v, n, dt, weak, fn) for n, v in zip(names, (x, y)))
 
@@ -114,7 +120,7 @@ def _right_aligned(ndim: int, rank: int) -> tuple[int, ...]:
     return tuple(range(rank - ndim, rank))
 
 
-def _bind(cond, x, y, out_shape, dims):
+def _bind(cond, x, y, out_shape, dims, api):
     if is_key(x):
         # Keys move as their key data, uint32[..., k]: the condition maps onto the
         # leading dims only, the words of one key travel together, exactly.
@@ -122,10 +128,11 @@ def _bind(cond, x, y, out_shape, dims):
         xd, yd = jax.random.key_data(x), jax.random.key_data(y)
         r = len(out_shape)
         out = _bind(cond, xd, yd, tuple(out_shape) + (xd.shape[-1],),
-                    (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)))
+                    (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)), api)
         return jax.random.wrap_key_data(out, impl=impl)
     return select_p.bind(cond, x, y, out_shape=tuple(result_dim(d) for d in out_shape),
-                         dims=tuple(tuple(d) for d in dims), impl=_config.current())
+                         dims=tuple(tuple(d) for d in dims), impl=_config.current(),
+                         api=api)
 
 
 # --- public front-ends --------------------------------------------------------------
@@ -147,8 +154,9 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
     of the outermost jitted function gets a fresh result, with no extra copy.
 
     Args:
-        cond: a ``bool`` array (or Python bool, or nested list of bools) whose shape
-            broadcasts one way to ``S``.
+        cond: a ``bool`` array (or a Python bool) whose shape broadcasts one way to
+            ``S``. A list is not an array (``TypeError``, as in ``jnp.where``): wrap it in
+            ``np.asarray``.
         then: the values where ``cond`` is true: an array or a scalar of any JAX dtype,
             or a typed PRNG key array.
         else_: the values where ``cond`` is false, of ``then``'s dtype; a Python scalar
@@ -200,7 +208,7 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
                              f"{_fmt(else_.shape)}")
     r = len(out)
     return _bind(cond, then, else_, out,
-                 [_right_aligned(a.ndim, r) for a in (cond, then, else_)])
+                 [_right_aligned(a.ndim, r) for a in (cond, then, else_)], fn)
 
 
 def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
@@ -212,7 +220,8 @@ def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     ``y``; the condition gets no tangent.
 
     Args:
-        condition: a ``bool`` array (or Python bool, or nested list of bools).
+        condition: a ``bool`` array (or a Python bool). A list is not an array
+            (``TypeError``, as in ``jnp.where``): wrap it in ``np.asarray``.
         x: the values where ``condition`` is true: an array or a scalar of any JAX dtype.
             ``x`` and ``y`` may also both be typed PRNG key arrays of one implementation
             (``jax.random.key``); they move as their key data and come back as keys.
@@ -242,7 +251,8 @@ def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     x, y = _values(x, y, ("x", "y"), fn)
     out = _broadcast_shapes((condition.shape, x.shape, y.shape), ("condition", "x", "y"), fn)
     r = len(out)
-    return _bind(condition, x, y, out, [_right_aligned(a.ndim, r) for a in (condition, x, y)])
+    return _bind(condition, x, y, out, [_right_aligned(a.ndim, r) for a in (condition, x, y)],
+                 fn)
 
 
 def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
@@ -292,12 +302,12 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
         raise ValueError(f"{fn}: condition {_fmt(condition.shape)} must be a scalar, have the "
                          f"shape of x {_fmt(x.shape)}, or (x of rank >= 2) be a vector of "
                          f"length x.shape[0] = {x.shape[0] if r else '-'}")
-    return _bind(condition, x, y, x.shape, [cdims, tuple(range(r)), tuple(range(r))])
+    return _bind(condition, x, y, x.shape, [cdims, tuple(range(r)), tuple(range(r))], fn)
 
 
 # --- the primitive's rules ----------------------------------------------------------
 
-def _abstract_eval(cond, x, y, *, out_shape, dims, impl):
+def _abstract_eval(cond, x, y, *, out_shape, dims, impl, api):
     for name, a, d in zip(("cond", "x", "y"), (cond, x, y), dims):
         if len(d) != a.ndim or len(set(d)) != len(d) or any(
                 not 0 <= o < len(out_shape) or a.shape[j] not in (1, out_shape[o])
@@ -323,7 +333,7 @@ def _operand_strides(shape, d, out_shape):
     return st
 
 
-def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, donated=(False,) * 3):
+def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, api, donated=(False,) * 3):
     avals = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
         return None
@@ -357,7 +367,7 @@ def _expand(a, d, out_shape, sharding=None):
                                 out_sharding=sharding)
 
 
-def _lax_impl(cond, x, y, *, out_shape, dims, impl):
+def _lax_impl(cond, x, y, *, out_shape, dims, impl, api):
     """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it
     (and updates a donated operand in place); bit-exact through _lowering.exact_view, the
     same-width one (see there)."""
@@ -365,7 +375,7 @@ def _lax_impl(cond, x, y, *, out_shape, dims, impl):
     r = len(out_shape)
     shape, vd = tuple(out_shape) + ex, tuple(range(r, r + len(ex)))
     aval = _abstract_eval(*map(jax.typeof, (cond, x, y)), out_shape=out_shape, dims=dims,
-                          impl=impl)
+                          impl=impl, api=api)
     sharding = _lowering.explicit_sharding(aval, ex)
     xv, yv = _lowering.exact_view(x), _lowering.exact_view(y)
     out = lax.select_n(_expand(cond, dims[0], shape, sharding),
@@ -397,7 +407,7 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
 
 
 # implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
-def _auto(ctx, cond, x, y, *, out_shape, dims, impl):
+def _auto(ctx, cond, x, y, *, out_shape, dims, impl, api):
     return _auto_mod.choose_select(select_p, ctx, ("cond", "x", "y"), (cond, x, y))
 
 
@@ -405,10 +415,10 @@ def _zero_scalar(dtype):
     return jnp.zeros((), dtype)
 
 
-def _jvp(primals, tangents, *, out_shape, dims, impl):
+def _jvp(primals, tangents, *, out_shape, dims, impl, api):
     cond, x, y = primals
     tx, ty = (_compat.instantiate_tangent(t, p) for t, p in zip(tangents[1:], (x, y)))
-    out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl)
+    out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl, api=api)
     if type(tx) is Zero and type(ty) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
     # A zero tangent is a scalar read with zero strides: nothing is materialized.
@@ -418,7 +428,8 @@ def _jvp(primals, tangents, *, out_shape, dims, impl):
         tx, tdims[1] = _zero_scalar(tdt), ()
     if type(ty) is Zero:
         ty, tdims[2] = _zero_scalar(tdt), ()
-    return out, select_p.bind(cond, tx, ty, out_shape=out_shape, dims=tuple(tdims), impl=impl)
+    return out, select_p.bind(cond, tx, ty, out_shape=out_shape, dims=tuple(tdims), impl=impl,
+                              api=api)
 
 
 def _unbroadcast(t, shape, d, out_shape):
@@ -430,7 +441,7 @@ def _unbroadcast(t, shape, d, out_shape):
     return sum_to_shape(t, shape)
 
 
-def _transpose(ct, cond, x, y, *, out_shape, dims, impl):
+def _transpose(ct, cond, x, y, *, out_shape, dims, impl, api):
     if _compat.is_undefined_primal(cond):
         raise ValueError("jax_ext_select is not linear in its condition")
     outs = [None]
@@ -445,12 +456,13 @@ def _transpose(ct, cond, x, y, *, out_shape, dims, impl):
             pair = (ct, z) if k == 1 else (z, ct)
             pdims = (dims[0], tuple(range(len(out_shape))), ()) if k == 1 else \
                     (dims[0], (), tuple(range(len(out_shape))))
-            picked = select_p.bind(cond, *pair, out_shape=out_shape, dims=pdims, impl=impl)
+            picked = select_p.bind(cond, *pair, out_shape=out_shape, dims=pdims, impl=impl,
+                                   api=api)
             outs.append(_unbroadcast(picked, arg.aval.shape, dims[k], out_shape))
     return outs
 
 
-def _batch(axis_size, args, bdims, *, out_shape, dims, impl):
+def _batch(axis_size, args, bdims, *, out_shape, dims, impl, api):
     """One call with a new leading result dimension: a batched operand maps its batch
     dimension onto it, an unbatched one is broadcast along it (zero stride)."""
     new_dims = []
@@ -460,7 +472,7 @@ def _batch(axis_size, args, bdims, *, out_shape, dims, impl):
             nd.insert(bd, 0)
         new_dims.append(tuple(nd))
     out = select_p.bind(*args, out_shape=(axis_size,) + tuple(out_shape),
-                        dims=tuple(new_dims), impl=impl)
+                        dims=tuple(new_dims), impl=impl, api=api)
     return out, 0
 
 

@@ -544,9 +544,13 @@ def test_rank_above_the_kernel_limit_is_routed_at_lowering():
         assert jax_ext.where(True, e, e).shape == e.shape
         assert _decisions(jax_ext.where, True, e, e)[0][:2] == ("select", "lax")
     with jax_ext.implementation("native"):
-        with pytest.raises(ValueError, match=r"select: impl='native'.*float32\[0,2,.*has "
-                                             r"rank 65, above the native kernels' limit"):
-            jax_ext.where(True, e, e)
+        # each front-end is named in its own refusal
+        for fn, args in ((jax_ext.where, (True, e, e)), (jax_ext.where3, (True, e, e)),
+                         (jax_ext.select, (np.array([True]), e, e))):
+            with pytest.raises(ValueError, match=rf"^jax_ext\.{fn.__name__}: impl='native'"
+                                                 r".*float32\[0,2,.*has rank 65, above the "
+                                                 r"native kernels' limit"):
+                fn(*args)
 
 
 @pytest.mark.parametrize("name", sorted(CHILD))
