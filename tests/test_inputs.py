@@ -64,8 +64,12 @@ def _promote_as_jnp_where(pair, impl):
         if isinstance(x, bool):
             # A Python bool is not weak in JAX: passed to jit it is a bool array, and two
             # typed dtypes never promote in jax_ext (jnp.where would give int8).
-            with pytest.raises(TypeError, match="where: x and y must have the same dtype"):
+            with pytest.raises(TypeError, match="where: x and y must have the same dtype.*"
+                                                "make that argument static"):
                 jax.jit(jax_ext.where)(C, x, y)
+            # the cures the message names: a static argument, or the other operand's dtype
+            _like_jnp(jax.jit(jax_ext.where, static_argnums=1)(C, x, y), want)
+            _like_jnp(jax.jit(jax_ext.where)(C, np.asarray(y).dtype.type(x), y), want)
         else:
             _like_jnp(jax.jit(jax_ext.where)(C, x, y), want_jit)
             _like_jnp(jax.jit(lambda c, a: jax_ext.select(c, a, y))(cs, x), jnp.where(cs, x, y))
