@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from ._config import implementation
 from ._gather import gather
 from . import _scatter_add  # noqa: F401  (registers gather's transpose)
-from ._auto import Decision, explain
-from ._native import TARGETS as _TARGETS
+from .auto.explain import Decision, explain
+from ._names import TARGETS as _TARGETS
 from ._native import native_available, native_error
 from ._select import select, where, where3
 

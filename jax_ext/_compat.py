@@ -108,24 +108,25 @@ def enclosing_equations(limit: int = 64) -> list:
     return out
 
 
-def impl_state(default: str = "auto"):
-    """A jax config option 'jax_ext_impl' (env JAX_EXT_IMPL) that is part of the jit cache
-    key, so a function traced under implementation("lax") is not reused under "native"."""
+def impl_state(names, env: str):
+    """A jax config option 'jax_ext_impl' (its default from the environment variable `env`)
+    that is part of the jit cache key, so a function traced under implementation("lax") is
+    not reused under "native". `names`: the values, the default first."""
     try:
         from jax._src import config as jax_config
         return jax_config.enum_state(
-            name="jax_ext_impl", enum_values=["auto", "native", "lax"], default=default,
+            name="jax_ext_impl", enum_values=list(names), default=names[0],
             help="jax_ext: run primitives natively on CPU ('native'), through lax ('lax'), "
                  "or native where available ('auto').",
             include_in_jit_key=True, include_in_trace_context=True)
     except Exception:  # pragma: no cover - only on a jax without enum_state
-        return _ThreadLocalState(default)
+        return _ThreadLocalState(names[0], env)
 
 
 class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
-    def __init__(self, default):
+    def __init__(self, default, env):
         import os
-        self._default = os.environ.get("JAX_EXT_IMPL", default)
+        self._default = os.environ.get(env, default)
         self._local = threading.local()
 
     @property

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
-from typing import Literal
 
 from . import _compat
-
-ImplementationName = Literal["auto", "native", "lax"]
-_NAMES = ("auto", "native", "lax")
+from ._names import IMPL_ENV, IMPLEMENTATIONS as _NAMES, ImplementationName
 
 
 def _check_name(name: object, source: str = "") -> None:
@@ -18,9 +15,9 @@ def _check_name(name: object, source: str = "") -> None:
 
 # An unknown JAX_EXT_IMPL (a typo, "LAX", "") raises here, at import, with the message
 # implementation() gives: silently running native when lax was asked for hides the typo.
-if "JAX_EXT_IMPL" in os.environ:
-    _check_name(os.environ["JAX_EXT_IMPL"], " (from the environment variable JAX_EXT_IMPL)")
-_state = _compat.impl_state()
+if IMPL_ENV in os.environ:
+    _check_name(os.environ[IMPL_ENV], f" (from the environment variable {IMPL_ENV})")
+_state = _compat.impl_state(_NAMES, IMPL_ENV)
 
 
 def implementation(name: ImplementationName) -> AbstractContextManager[None]:
@@ -62,5 +59,5 @@ def implementation(name: ImplementationName) -> AbstractContextManager[None]:
 
 def current() -> ImplementationName:
     """The implementation a primitive bound now records: "auto", "native" or "lax". What
-    runs is settled when it is lowered (see _auto.py); without the native module, lax."""
+    runs is settled when it is lowered (see jax_ext/auto); without the native module, lax."""
     return _state.value  # type: ignore[no-any-return]

@@ -33,13 +33,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from . import _auto as _auto_mod, _compat, _config, _lowering
+from . import _compat, _config, _lowering, _names
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
                       is_extended, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 
 Zero = _compat.Zero
 
-gather_p = _compat.Primitive("jax_ext_gather")  # its rules are registered at the end
+gather_p = _compat.Primitive(_names.GATHER.primitive)  # its rules are registered at the end
 
 def _is_int_dtype(dt) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
@@ -676,12 +676,6 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     return in_specs, o, local
 
 
-# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
-def _gather_auto(ctx, *args, nbatch, **params):
-    return _auto_mod.choose_gather(
-        gather_p, ctx, ("src", "offsets", "index", "num_indices", "pad_value"), args, nbatch)
-
-
 # --- autodiff ---------------------------------------------------------------------------
 
 def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
@@ -773,7 +767,7 @@ gather_p.def_abstract_eval(_gather_abstract_eval)
 # partition_lax: XLA partitions a gather from a src sharded along its rows as mask and
 # all-reduce, which turns -0.0 into +0.0 and quiets signalling NaNs; the kernels' rule
 # (src replicated along dims 0..dim) keeps the bits on the lax path too.
-_lowering.register(gather_p, "gather", _gather_lax, _gather_native, _gather_auto,
+_lowering.register(gather_p, _names.GATHER, _gather_lax, _gather_native,
                    spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition),
                    partition_lax=True)
 _compat.ad.primitive_jvps[gather_p] = _gather_jvp

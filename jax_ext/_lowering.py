@@ -8,7 +8,8 @@ import jax
 import numpy as np
 from jax import lax
 
-from . import _auto, _compat, _native
+from . import _compat, _names, _native, auto
+from .auto import explain
 from ._native import native_available
 
 mlir = _compat.mlir
@@ -129,14 +130,15 @@ def _partitioned(ctx, raw, spmd, args, params):
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
-def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: bool = False,
-             spmd: Spmd | None = None, partition_lax: bool = False):
-    """Lowerings for `prim` (`op` names it in jax_ext.explain): `lax_impl` (a jax function
-    of the operands and params) on every platform; on CPU `native_rule(ctx, *args,
-    **params)` where the primitive was bound with impl="native", or with impl="auto" and
-    ``auto(ctx, *args, **params) -> (use_native, reason)`` says so; the lax path where
-    either declines (native_rule returns None for what the kernels do not handle).
-    Decided per call site, so never a cached lowering.
+def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
+             inspects_operands: bool = False, spmd: Spmd | None = None,
+             partition_lax: bool = False):
+    """Lowerings for `prim` (the op `names`): `lax_impl` (a jax function of the operands
+    and params) on every platform; on CPU `native_rule(ctx, *args, **params)` where the
+    primitive was bound with impl="native", or with impl="auto" and the cost model
+    (jax_ext.auto) says so; the lax path where either declines (native_rule returns None
+    for what the kernels do not handle). Decided per call site, so never a cached
+    lowering.
 
     `inspects_operands`: the native rule is also passed ``donated=`` (a bool per operand:
     is it an argument of the jitted function that the caller donated?).
@@ -153,25 +155,30 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
         if inspects_operands else {})
     raw = None  # the primitive custom_partitioning re-binds per shard, where it can
     if spmd is not None and _compat.require_devices_during_lowering(prim):
-        raw = _shard_primitive(prim, lax_rule, native_rule, inspects_operands)
+        raw = _shard_primitive(prim, names.shard_primitives[0], lax_rule, native_rule,
+                               inspects_operands)
     raw_lax = None
     if raw is not None and partition_lax:
-        raw_lax = _shard_primitive(prim, lax_rule, lambda *a, **p: None, False, "_shard_lax")
+        raw_lax = _shard_primitive(prim, names.shard_primitives[1], lax_rule,
+                                   lambda *a, **p: None, False)
 
-    def choose(ctx, args, params):
+    op = names.op
+
+    def choose(ctx, args, params) -> auto.Choice:
         requested = params.get("impl")
         if requested == "lax":
-            return False, "requested"
+            return auto.Choice(False, "requested")
         if not native_available():
-            return False, "native module not loaded"
+            return auto.Choice(False, "native module not loaded")
         if requested == "native":
-            return True, "requested"
-        return auto(ctx, *args, **params)
+            return auto.Choice(True, "requested")
+        return auto.choose(names, prim, ctx, args, params)
 
     def cpu_rule(ctx, *args, **params):
-        use, why = choose(ctx, args, params)
+        choice = choose(ctx, args, params)
+        use, why = choice.native, choice.reason
         if use:
-            beyond = kernel_limit(op, ctx, params)
+            beyond = kernel_limit(names, ctx, params)
             if beyond is not None:
                 if params.get("impl") == "native":
                     raise ValueError(f"jax_ext.{params.get('api', op)}: impl='native' "
@@ -186,7 +193,8 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
                 why = "dtype not handled natively"
-        _auto.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why)
+        explain.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why,
+                       choice.est_native_s, choice.est_lax_s)
         if out is None and raw_lax is not None and _compat.spmd_mesh_shape(ctx) is not None:
             out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
@@ -194,30 +202,20 @@ def register(prim, op: str, lax_impl, native_rule, auto, *, inspects_operands: b
     _register_rules(prim, op, cpu_rule, lax_rule)
 
 
-# Operand names per op, for kernel_limit's message (the result is "the result").
-_OPERANDS = {
-    "select": ("cond", "x", "y"),
-    "gather": ("src", "offsets", "index", "num_indices", "pad_value"),
-    "scatter_add": ("cotangent", "offsets", "index", "num_indices"),
-}
-
-
-def kernel_limit(op: str, ctx, params) -> str | None:
+def kernel_limit(names: _names.OpNames, ctx, params) -> str | None:
     """Why the native kernels cannot take this call, or None: their index state holds at
     most MAX_RANK dims. Gather and scatter-add walk `nbatch` leading batch dims and the
     rest of each operand apart, each up to the limit; select walks the result with size-1
     dims dropped (what the collapse before the call leaves), so only other dims count."""
     limit = _native.MAX_RANK
     avals = list(ctx.avals_in) + list(ctx.avals_out)
-    names = _OPERANDS.get(op, ())
-    names = tuple(names) + tuple(f"operand {k}" for k in range(len(names), len(ctx.avals_in)))
-    names += ("the result",) * len(ctx.avals_out)
+    labels = names.operands + ("the result",) * len(ctx.avals_out)
     nbatch = int(params.get("nbatch", 0))
     if nbatch > limit:
         return (f"{nbatch} batch dims (nested vmaps) are above the native kernels' limit of "
                 f"{limit}")
     counted = []
-    for name, a in zip(names, avals):
+    for name, a in zip(labels, avals):
         if "nbatch" in params:
             n, what = len(a.shape) - nbatch, f"past its {nbatch} batch dims"
         else:
@@ -232,11 +230,10 @@ def kernel_limit(op: str, ctx, params) -> str | None:
             f"kernels' limit of {limit}")
 
 
-def _shard_primitive(prim, lax_rule, native_rule, inspects_operands: bool,
-                     suffix: str = "_shard"):
-    """The unpartitioned primitive custom_partitioning wraps and re-binds on local
-    shapes: the outer primitive's abstract eval, the native rule (else lax)."""
-    raw = _compat.Primitive(prim.name + suffix)
+def _shard_primitive(prim, name: str, lax_rule, native_rule, inspects_operands: bool):
+    """The unpartitioned primitive `name` that custom_partitioning wraps and re-binds on
+    local shapes: the outer primitive's abstract eval, the native rule (else lax)."""
+    raw = _compat.Primitive(name)
     raw.multiple_results = prim.multiple_results
     raw.def_effectful_abstract_eval(
         lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
@@ -262,7 +259,7 @@ def _register_rules(prim, op: str | None, cpu_rule, lax_rule):
         if platforms == ("cpu",):
             return cpu_rule(ctx, *args, **params)
         if op is not None and "cpu" in platforms:
-            _auto.record(ctx, op, "lax", params.get("impl"),
+            explain.record(ctx, op, "lax", params.get("impl"),
                          f"lowered for several platforms {platforms}")
         return lax_rule(ctx, *args, **params)
 

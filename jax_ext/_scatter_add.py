@@ -18,13 +18,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _auto as _auto_mod, _compat, _lowering
+from . import _compat, _lowering, _names
 from ._gather import (_batch_factors, _batch_shape, _batch_spec, _batch_spec_candidates,
                       _bstrides, _is_one, _lead, _nonunit, _rows, gather_p)
 
 Zero = _compat.Zero
 
-scatter_add_p = _compat.Primitive("jax_ext_scatter_add")  # its rules are registered at the end
+# its rules are registered at the end
+scatter_add_p = _compat.Primitive(_names.SCATTER_ADD.primitive)
 
 
 def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
@@ -171,11 +172,6 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     return in_specs, o, local
 
 
-# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
-def _scatter_auto(ctx, *args, nbatch, **params):
-    return _auto_mod.choose_scatter_add(scatter_add_p, ctx, nbatch)
-
-
 def _scatter_jvp(primals, tangents, **params):
     ct, offsets, index, num = primals
     out = scatter_add_p.bind(ct, offsets, index, num, **params)
@@ -222,7 +218,7 @@ def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_
 scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
-_lowering.register(scatter_add_p, "scatter_add", _scatter_lax, _scatter_native, _scatter_auto,
+_lowering.register(scatter_add_p, _names.SCATTER_ADD, _scatter_lax, _scatter_native,
                    spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
 _compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
 _compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose

@@ -21,14 +21,14 @@ from jax import lax
 
 from jax.typing import ArrayLike
 
-from . import _auto as _auto_mod, _compat, _config, _lowering
+from . import _compat, _config, _lowering, _names
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
                       is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 
-select_p = _compat.Primitive("jax_ext_select")  # its rules are registered at the end
+select_p = _compat.Primitive(_names.SELECT.primitive)  # its rules are registered at the end
 
 # --- front-end helpers --------------------------------------------------------------
 
@@ -406,11 +406,6 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
     return in_specs, o, local
 
 
-# implementation "auto": the cost model of _auto.py (constants in _cost_table.py).
-def _auto(ctx, cond, x, y, *, out_shape, dims, impl, api):
-    return _auto_mod.choose_select(select_p, ctx, ("cond", "x", "y"), (cond, x, y))
-
-
 def _zero_scalar(dtype):
     return jnp.zeros((), dtype)
 
@@ -480,7 +475,7 @@ def _batch(axis_size, args, bdims, *, out_shape, dims, impl, api):
 
 select_p.def_impl(lambda *args, **params: _compat.apply_primitive(select_p, *args, **params))
 select_p.def_abstract_eval(_abstract_eval)
-_lowering.register(select_p, "select", _lax_impl, _native_lowering, _auto,
+_lowering.register(select_p, _names.SELECT, _lax_impl, _native_lowering,
                    inspects_operands=True, spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
 _compat.ad.primitive_jvps[select_p] = _jvp
 _compat.ad.primitive_transposes[select_p] = _transpose

@@ -33,7 +33,7 @@ jax.config.update("jax_enable_x64", True)  # gather's offsets and counts are int
 
 import jax_ext  # noqa: E402  (registers the FFI targets)
 import ml_dtypes  # noqa: E402
-from jax_ext import _auto  # noqa: E402
+from jax_ext.auto import explain as _explain  # noqa: E402
 
 COLL = re.compile(r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                   r"(?:-start)?\(")
@@ -311,7 +311,7 @@ def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False, comm=
     mesh = MESHES[kind]
     with mesh_scope(kind):
         args = [global_array(a, NamedSharding(mesh, s)) for a, s in arg_specs]
-        with jax_ext.implementation(impl), _auto.recording() as decisions:
+        with jax_ext.implementation(impl), _explain.recording() as decisions:
             jf = jax.jit(f)
             colls, targets, _ = compiled_info(jf, *args)
             out = jf(*args)

@@ -14,7 +14,8 @@ import pytest
 from jax import lax
 
 import jax_ext
-from jax_ext import _cost_table, _lowering
+from jax_ext import _lowering
+from jax_ext.auto import costs
 from helpers import assert_bits_equal
 
 BIG = 1 << 16  # elements: enough work for auto's thresholds in f32
@@ -158,15 +159,14 @@ def test_auto_as_shipped_decides_by_its_two_estimates():
     table = np.random.default_rng(0).standard_normal((4096, 64)).astype(np.float32)
     idx = np.arange(4096, dtype=np.int32)
     g = jax.grad(lambda t, i: jax_ext.gather(t, [0], 0, i, align_bytes=None).sum())
-    from jax_ext import _cost_table
-    assert 0 < _cost_table.NATIVE_MARGIN <= 1
+    margin = costs.shipped().structure.native_margin
+    assert 0 < margin <= 1
     cases = [(jax_ext.where, (c, x, x)), (jax_ext.where, (c[:64], x[:64], x[:64])),
              (lambda c, x: jax_ext.where(x > 0, x * 2, x), (c, x)),
              (lambda t, i: jax_ext.gather(t, [0], 0, i), (table, idx)), (g, (table, idx))]
     for fn, args in cases:
         (d,) = jax_ext.explain(fn, *args)
         assert d.requested == "auto" and d.est_native_s > 0 and d.est_lax_s > 0, d
-        margin = _cost_table.NATIVE_MARGIN
         assert d.impl == ("native" if d.est_native_s < d.est_lax_s * margin else "lax"), d
         assert d.reason.startswith("est. native ") and " vs lax " in d.reason, d
         native = d.impl == "native"
@@ -174,12 +174,39 @@ def test_auto_as_shipped_decides_by_its_two_estimates():
 
 
 def test_cost_table_is_complete_and_says_what_each_constant_was_fitted_on():
-    from jax_ext import _cost_table
-    assert set(_cost_table.TABLE) == set(_cost_table.FITTED_ON)
-    assert all(v >= 0 for v in _cost_table.TABLE.values())
-    assert all(len(_cost_table.FITTED_ON[k]) > 10 for k in _cost_table.TABLE)
-    assert "/" not in _cost_table.MACHINE  # no paths in the shipped table
+    t = costs.shipped()
+    paths = [p for p, _ in costs.leaves(t)]
+    assert set(paths) == set(t.about) and len(paths) == len(set(paths))
+    assert all(v >= 0 for _, v in costs.leaves(t))
+    assert all(len(t.about[p]) > 10 for p in paths)
+    assert "/" not in t.machine  # no paths in the shipped table
+    assert t.row_lengths == tuple(sorted(t.row_lengths)) and len(t.row_lengths) > 3
 
+
+def test_cost_table_file_is_checked():
+    """A table that does not fit the model is refused with the path of the leaf."""
+    import copy
+    import json
+    with open(costs.PATH) as f:
+        tree = json.load(f)
+    for mutate, match in (
+            (lambda t: t["select"]["native"].pop("s0"), r"select\.native: missing \['s0'\]"),
+            (lambda t: t["gather"].update(extra={}), r"gather: missing \[\], unknown \['extra'\]"),
+            (lambda t: t["fresh"]["lax"]["s_per_byte"].update(value=-1.0),
+             r"fresh\.lax\.s_per_byte must be a non-negative float"),
+            (lambda t: t["materialize"]["s0"].update(value="1"), "non-negative float"),
+            (lambda t: t["structure"]["pool_min_bytes"].update(value=1.5), "non-negative int"),
+            (lambda t: t["select"]["lax"]["s0"].update(about=""), r"select\.lax\.s0 needs"),
+            (lambda t: t["gather"]["lax"]["row_ratio"].update(x=t["gather"]["lax"]["s0"]),
+             "keys must be integers")):
+        bad = copy.deepcopy(tree)
+        mutate(bad)
+        with pytest.raises(costs.CostTableError, match=match):
+            costs.from_tree(bad)
+    assert costs.from_tree(json.loads(costs.dumps(costs.shipped()))) == costs.shipped()
+
+
+ROW_LENGTHS = costs.shipped().row_lengths
 
 # A table as an idle machine's: the kernels cheaper per byte and per row, XLA's
 # single-thread loop cheaper for tiny results, and materializing (a loop writing an operand,
@@ -192,7 +219,7 @@ TABLE = {
     "gather.lax.s0": 5e-6,
     # XLA's loop 3x the kernel's on short rows, 1.5x from 75 elements
     **{f"gather.lax.row_ratio.{n}": 3.0 if n < 75 else 1.5
-       for n in _cost_table.ROW_LENGTHS},
+       for n in ROW_LENGTHS},
     "gather.native.s0": 3e-6, "gather.native.s_per_row": 2e-9,
     "gather.native.s_per_byte": 0.5e-10,
     "scatter_add.lax.s0": 10e-6, "scatter_add.lax.s_per_row": 1e-8,
@@ -206,10 +233,13 @@ TABLE = {
 
 @pytest.fixture
 def table(monkeypatch):
-    from jax_ext import _cost_table
-    assert set(TABLE) == set(_cost_table.TABLE)
-    monkeypatch.setattr(_cost_table, "TABLE", dict(TABLE))
-    return _cost_table.TABLE
+    """The model reads TABLE (a dict the test may change) instead of the shipped table."""
+    shipped = costs.shipped()
+    d = dict(TABLE, **{p: v for p, v in costs.leaves(shipped) if p.startswith("structure.")})
+    assert set(d) == {p for p, _ in costs.leaves(shipped)}
+    monkeypatch.setattr(costs, "shipped",
+                        lambda: costs.from_flat("test", d, {p: "test" for p in d}))
+    return d
 
 
 def test_auto_takes_native_only_around_materialized_values(table):
@@ -288,7 +318,7 @@ def test_lax_gather_is_estimated_at_its_row_length(table):
                                tab, idx)
         return d
     table.update({f"gather.lax.row_ratio.{n}": float(k + 1)
-                  for k, n in enumerate(_cost_table.ROW_LENGTHS)})
+                  for k, n in enumerate(ROW_LENGTHS)})
     loop = {}
     for cols in (74, 75, 100, 8, 4, 1000):
         d = est(cols)
@@ -296,11 +326,11 @@ def test_lax_gather_is_estimated_at_its_row_length(table):
         small = 2048 * 4 + 3 * 4  # index, offsets, num_indices, pad_value
         loop[cols] = (TABLE["gather.native.s_per_row"] * 2048
                       + TABLE["gather.native.s_per_byte"] * (small + 2 * out))
-        at = max([n for n in _cost_table.ROW_LENGTHS if n <= cols] or [8])
+        at = max([n for n in ROW_LENGTHS if n <= cols] or [8])
         assert np.isclose(d.est_lax_s, TABLE["gather.lax.s0"]
                           + table[f"gather.lax.row_ratio.{at}"] * loop[cols]), (cols, d)
     # where XLA's loop is as fast as the kernel's, the lax path is kept (NATIVE_MARGIN)
-    table.update({f"gather.lax.row_ratio.{n}": 1.0 for n in _cost_table.ROW_LENGTHS})
+    table.update({f"gather.lax.row_ratio.{n}": 1.0 for n in ROW_LENGTHS})
     table["gather.lax.s0"] = table["gather.native.s0"]
     assert est(128, n=16384).impl == "lax"  # 8 MiB: no fresh mapping either side
     table["gather.lax.row_ratio.128"] = 3.0
@@ -308,7 +338,7 @@ def test_lax_gather_is_estimated_at_its_row_length(table):
 
 
 def test_xla_reads_float_reductions_from_memory():
-    """The finding _auto._MEMORY_REDUCTIONS rests on: XLA:CPU does not fuse a select into a
+    """The finding auto.analysis._MEMORY_REDUCTIONS rests on: XLA:CPU does not fuse a select into a
     float32 sum or max (a loop fusion writes it, a YNNPACK fusion reduces it), while it
     fuses one into an int32 sum. Pinned on the jaxlib it was measured on."""
     m, h = np.ones((64, 32, 1), bool), np.ones((64, 32, 16), np.float32)

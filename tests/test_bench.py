@@ -163,29 +163,25 @@ def test_each_program_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
 
 def test_quick_calibration_writes_a_complete_table(tmp_path, capsys, monkeypatch):
     """The CI form of `jax-ext-bench --calibrate`: every constant of the shipped table is
-    fitted and written with what it was fitted on (numbers not asserted)."""
-    import importlib.util
-
+    fitted and written as JSON the package's loader takes, each with what it was fitted
+    on (numbers not asserted)."""
     import pytest
-    from jax_ext import _cost_table
+    from jax_ext.auto import costs
     if not jax_ext.native_available():
         pytest.skip("the calibration times the kernels")
-    out = tmp_path / "table.py"
+    out = tmp_path / "costs.json"
     assert bench.main(["--calibrate", "--quick", "--table", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
-    spec = importlib.util.spec_from_file_location("fitted_table", out)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert set(mod.TABLE) == set(_cost_table.TABLE) == set(mod.FITTED_ON)
-    assert all(isinstance(v, float) and v >= 0 for v in mod.TABLE.values())
-    assert mod.POOL_MIN_BYTES == _cost_table.POOL_MIN_BYTES and str(tmp_path) not in out.read_text()
-    assert mod.ROW_LENGTHS == _cost_table.ROW_LENGTHS
+    fitted, shipped = costs.load(str(out)), costs.shipped()
+    assert [p for p, _ in costs.leaves(fitted)] == [p for p, _ in costs.leaves(shipped)]
+    assert set(fitted.about) == set(shipped.about) and all(fitted.about.values())
+    assert fitted.structure == shipped.structure and str(tmp_path) not in out.read_text()
     # without --table it prints the table and the path it would replace (not re-timed)
     from jax_ext.bench import calibrate
-    monkeypatch.setattr(calibrate, "calibrate", lambda quick, log: (mod.TABLE, mod.FITTED_ON))
+    monkeypatch.setattr(calibrate, "calibrate", lambda quick, machine, log: fitted)
     assert bench.main(["--calibrate", "--quick"]) == 0
     text = capsys.readouterr().out
-    assert "TABLE: dict[str, float] = {" in text and "--table " in text.splitlines()[-1]
+    assert '"machine":' in text and "--table " in text.splitlines()[-1]
 
 
 def test_call_orders_are_balanced():

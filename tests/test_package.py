@@ -97,12 +97,14 @@ def test_unknown_env_value_raises_at_import_like_implementation(value):
 
 
 def _package_copy(root, *, with_module):
-    """A copy of the jax_ext package (its Python files) under root/jax_ext."""
+    """A copy of the jax_ext package (its Python files, subpackages and data) under
+    root/jax_ext, with the compiled module or without it."""
     d = os.path.join(root, "jax_ext")
-    os.makedirs(d)
-    for name in os.listdir(PKG):
-        if name.endswith(".py") or (with_module and name.startswith("_jax_ext.")):
-            shutil.copy(os.path.join(PKG, name), d)
+
+    def skip(where, names):
+        return [n for n in names if n == "__pycache__" or n.endswith(".pyi")
+                or (n.startswith("_jax_ext.") and not (with_module and where == PKG))]
+    shutil.copytree(PKG, d, ignore=skip)
     return d
 
 

@@ -84,7 +84,7 @@ def test_export_for_cpu_and_gpu_is_portable_and_exact(name):
 def test_explain_reports_a_multi_platform_lowering_as_lax():
     rng = np.random.default_rng(0)
     c, x = rng.integers(0, 2, 1 << 14).astype(bool), rng.standard_normal(1 << 14)
-    with jax_ext._auto.recording() as decisions, jax_ext.implementation("native"):
+    with jax_ext.auto.explain.recording() as decisions, jax_ext.implementation("native"):
         jax.jit(jax_ext.where).trace(c, x, -x).lower(lowering_platforms=("cpu", "cuda"))
     assert [(d.op, d.impl) for d in decisions] == [("select", "lax")]
     assert "several platforms" in decisions[0].reason

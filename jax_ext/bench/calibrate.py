@@ -1,12 +1,12 @@
 """``jax-ext-bench --calibrate [--quick] [--table PATH]``: fits the constants of
-implementation "auto"'s cost model (jax_ext/_cost_table.py) on this machine.
+implementation "auto"'s cost model (jax_ext/auto/costs.json) on this machine.
 
 Each point of a grid of standalone calls (arguments in, result out) is timed under forced
 "native" and forced "lax", alternating call by call, median of the rounds; each op's
 terms are then fitted by least squares (no negative constant: a term that comes out
-negative is dropped and the rest refitted). The table is written as a Python module to
-``--table PATH`` (``--table jax_ext/_cost_table.py`` in a clone replaces the shipped
-one); without ``--table`` it is printed, with the path of the table it would replace.
+negative is dropped and the rest refitted). The table is written as JSON to ``--table
+PATH`` (``--table jax_ext/auto/costs.json`` in a clone replaces the shipped one); without
+``--table`` it is printed, with the path of the table it would replace.
 ``--report PATH`` also writes it as a Markdown table (the docs' fitted table:
 ``--report docs/_generated/cost_table.md``). ``--quick`` times a smaller grid (for CI:
 under two minutes) and still fits every constant. Timings on a loaded machine give a
@@ -19,7 +19,6 @@ import ctypes
 import os
 import statistics
 import sys
-import textwrap
 import time
 
 import jax
@@ -27,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ext
-from .. import _cost_table
+from ..auto import costs
 from .report import machine_info
 from .timing import child_env
 
 _F32 = 4
+# Structural facts and policy are not fitted: kept from the shipped table.
+_STRUCTURE = costs.shipped().structure
 
 
 def _timer(fns, args, reps, iters):
@@ -129,8 +130,8 @@ def _nnls(A, b):
 
 
 def _fresh(table, impl, nbytes):
-    """The fresh-mapping cost already fitted (the same rule as _auto._fresh)."""
-    if nbytes < _cost_table.MMAP_THRESHOLD_BYTES:
+    """The fresh-mapping cost already fitted (the same rule as the model's)."""
+    if nbytes < _STRUCTURE.mmap_threshold_bytes:
         return 0.0
     return table[f"fresh.{impl}.s_per_byte"] * nbytes
 
@@ -172,7 +173,7 @@ def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
     ratios = {}
     fn = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
     rounds = 11 if quick else 31
-    for cols in _cost_table.ROW_LENGTHS:
+    for cols in costs.shipped().row_lengths:
         k = min(max((4 << 20) // (cols * _F32), 4096), 131072)
         src = jnp.asarray(rng.standard_normal((4 * k, cols)).astype(np.float32))
         idx = jnp.asarray(rng.integers(0, 4 * k, k).astype(np.int32))
@@ -202,7 +203,7 @@ def fresh_times(quick: bool) -> dict:
     """The select of a result just above glibc's mmap threshold, timed as is (a fresh
     mapping per call) and with glibc told to reuse its heap; run by _fresh_in_child."""
     rng = np.random.default_rng(1)
-    n = (_cost_table.MMAP_THRESHOLD_BYTES + (4 << 20)) // _F32
+    n = (_STRUCTURE.mmap_threshold_bytes + (4 << 20)) // _F32
     c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
     x, y = (jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
     reps = 7 if quick else 15
@@ -229,13 +230,19 @@ def _fresh_in_child(quick: bool):
     return got["n"], got["fresh"], got["reused"]
 
 
-def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]:
-    rng = np.random.default_rng(0)
-    table: dict[str, float] = {}
-    notes: dict[str, str] = {}
-    pool = _cost_table.POOL_MIN_BYTES
+class _Fit:
+    """The constants fitted so far: dotted path -> value, and -> what it was fitted on."""
 
-    # select f32: one thread below POOL_MIN_BYTES of result, the pool above
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.about: dict[str, str] = {}
+
+    def set(self, path: str, value: float, about: str) -> None:
+        self.values[path], self.about[path] = float(value), about
+
+
+def _select_points(rng, quick, log) -> dict[str, list]:
+    """select f32 over a range of sizes: (result bytes, bytes moved, seconds) per side."""
     ks = [6, 8, 12, 16, 20] if quick else [6, 7, 8, 9, 12, 14, 16, 18, 20, 22]
     pts: dict[str, list] = {"native": [], "lax": []}
     for k in ks:
@@ -247,174 +254,196 @@ def calibrate(quick: bool, log=print) -> tuple[dict[str, float], dict[str, str]]
         log(f"  select 2^{k}: native {t['native'] * 1e6:.1f} us, lax {t['lax'] * 1e6:.1f} us")
         for impl in pts:
             pts[impl].append((n * _F32, nbytes, t[impl]))
+    return pts
+
+
+def _fit_select(fit: _Fit, rng, quick, log) -> None:
+    """One thread below pool_min_bytes of result (a fixed cost), the pool above (linear)."""
+    pool = _STRUCTURE.pool_min_bytes
+    pts = _select_points(rng, quick, log)
+    top = max(o for o, _, _ in pts["native"])
+    sizes = f"{pool} B - {top >> 10} KiB of result (thread pool)"
     for impl, p in pts.items():
         small = [(b, s) for o, b, s in p if o < pool]
         big = [([1.0, b], s) for o, b, s in p if o >= pool]
-        fit = _fit(big, ["s0", "s_per_byte"], log, f"select {impl}")
-        table[f"select.{impl}.s0"] = fit["s0"]
-        table[f"select.{impl}.s_per_byte"] = fit["s_per_byte"]
-        table[f"select.{impl}.s0_single"] = max(0.0, statistics.median(
-            s - fit["s_per_byte"] * b for b, s in small))
-        notes[f"select.{impl}.s0_single"] = f"{impl} select f32, results under {pool} B"
-        sizes = f"{pool} B - {(4 << ks[-1]) >> 10} KiB of result (thread pool)"
-        notes[f"select.{impl}.s0"] = f"{impl} select f32 on arguments, {sizes}"
-        notes[f"select.{impl}.s_per_byte"] = (f"{impl} select f32 on arguments, {sizes}: "
-                                              "per byte read + written")
+        f = _fit(big, ["s0", "s_per_byte"], log, f"select {impl}")
+        fit.set(f"select.{impl}.s0", f["s0"], f"{impl} select f32 on arguments, {sizes}")
+        fit.set(f"select.{impl}.s_per_byte", f["s_per_byte"],
+                f"{impl} select f32 on arguments, {sizes}: per byte read + written")
+        fit.set(f"select.{impl}.s0_single",
+                max(0.0, statistics.median(s - f["s_per_byte"] * b for b, s in small)),
+                f"{impl} select f32, results under {pool} B")
 
-    # materializing: one fused XLA loop writing a result (x * 2)
+
+def _fit_materialize(fit: _Fit, rng, quick) -> None:
+    """One fused XLA loop writing a result (x * 2), as materializing an operand costs."""
     mp = []
     for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
         x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
         t = _timer({"lax": (jax.jit(lambda x: x * 2), "lax")}, (x,),
                    *_reps_in_flight(8 << k, quick))
         mp.append(([1.0, 2 * (4 << k)], t["lax"]))
-    fit = _fit(mp, ["s0", "s_per_byte"])
-    table["materialize.s0"], table["materialize.s_per_byte"] = fit["s0"], fit["s_per_byte"]
-    notes["materialize.s0"] = "x * 2 f32 (one fused loop), 2^12-2^22 elements: intercept"
-    notes["materialize.s_per_byte"] = "x * 2 f32, same sizes: per byte read or written"
+    f = _fit(mp, ["s0", "s_per_byte"])
+    fit.set("materialize.s0", f["s0"], "x * 2 f32 (one fused loop), 2^12-2^22 elements: "
+            "intercept")
+    fit.set("materialize.s_per_byte", f["s_per_byte"],
+            "x * 2 f32, same sizes: per byte read or written")
 
-    # row gather on arguments: the kernel's loop fitted on rows x row length, XLA's
-    # measured against it per row length (last, below); the two tiny shapes pin each
-    # side's fixed cost, for gathers and gradients alike
-    shapes = ([(64, 16, 8), (1024, 64, 64), (16384, 8, 4096), (65536, 64, 16384),
-               (16384, 128, 2048), (4096, 16, 256)]
-              if quick else [(64, 16, 8), (1024, 64, 64)] +
-              [(16384, 8, 4096), (65536, 64, 16384), (65536, 64, 65536), (16384, 128, 2048),
-               (262144, 128, 65536), (4096, 16, 256), (1048576, 16, 262144),
-               (65536, 32, 8192), (4096, 8, 4096), (100000, 256, 4096)])
-    # the gradient also on big tables fed by small cotangents (an embedding table's
-    # gradient: the zero-filled result dominates), so result and cotangent bytes separate
-    tables = [(262144, 32, 8192)] if quick else [(262144, 32, 8192), (1048576, 16, 16384),
-                                                 (131072, 64, 4096)]
+
+# Row gathers (rows, cols, n) on arguments: the kernel's loop is fitted on these, XLA's
+# measured against it per row length (_row_ratios); the two tiny shapes pin each side's
+# fixed cost, for gathers and gradients alike.
+_GATHER_QUICK = [(64, 16, 8), (1024, 64, 64), (16384, 8, 4096), (65536, 64, 16384),
+                 (16384, 128, 2048), (4096, 16, 256)]
+_GATHER_FULL = [(64, 16, 8), (1024, 64, 64), (16384, 8, 4096), (65536, 64, 16384),
+                (65536, 64, 65536), (16384, 128, 2048), (262144, 128, 65536), (4096, 16, 256),
+                (1048576, 16, 262144), (65536, 32, 8192), (4096, 8, 4096), (100000, 256, 4096)]
+# The gradient also on big tables fed by small cotangents (an embedding table's gradient:
+# the zero-filled result dominates), so result and cotangent bytes separate.
+_TABLES_QUICK = [(262144, 32, 8192)]
+_TABLES_FULL = [(262144, 32, 8192), (1048576, 16, 16384), (131072, 64, 4096)]
+
+
+def _gather_points(rng, quick, log) -> tuple[dict[str, list], dict[str, list], int, int]:
+    """Timed gathers (gp) and gradients (sp), per side: (terms, seconds, fresh bytes)."""
+    shapes = _GATHER_QUICK if quick else _GATHER_FULL
+    tables = _TABLES_QUICK if quick else _TABLES_FULL
+    gather = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
+    grad = jax.grad(lambda s, i, c: jnp.sum(jax_ext.gather(s, [0], 0, i, align_bytes=None) * c))
     gp: dict[str, list] = {"native": [], "lax": []}
     sp: dict[str, list] = {"native": [], "lax": []}
     for rows, cols, k in shapes + tables:
         src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
         idx = jnp.asarray(rng.integers(0, rows, k).astype(np.int32))
-        out = k * cols * _F32
-        t = None
+        out, tab = k * cols * _F32, rows * cols * _F32
         if (rows, cols, k) in shapes:
-            t = _timer(_both(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)),
-                       (src, idx), *_reps(2 * out, quick))
+            t = _timer(_both(gather), (src, idx), *_reps(2 * out, quick))
             log(f"  gather {rows}x{cols} n={k}: native {t['native'] * 1e6:.1f} us, lax "
                 f"{t['lax'] * 1e6:.1f} us")
+            for impl in gp:
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
         ct = jnp.asarray(rng.standard_normal((k, cols)).astype(np.float32))
-        g = jax.grad(lambda s, i, c: jnp.sum(jax_ext.gather(s, [0], 0, i, align_bytes=None) * c))
-        ts = _timer(_both(g), (src, idx, ct), *_reps(rows * cols * _F32 + out, quick))
+        ts = _timer(_both(grad), (src, idx, ct), *_reps(tab + out, quick))
         log(f"  gather gradient {rows}x{cols} n={k}: native {ts['native'] * 1e6:.1f} us, "
             f"lax {ts['lax'] * 1e6:.1f} us")
-        for impl in gp:
-            if t is not None:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
-            tab = rows * cols * _F32
+        for impl in sp:
             sp[impl].append(([1.0, k, out, tab], ts[impl], tab))
-    # fresh mapping: a result above glibc's mmap threshold is mapped anew on every call;
-    # the same select timed with glibc told not to map (so it reuses its heap) gives the
-    # cost of the mapping itself, per result byte. Timed in a process of its own, as the
-    # benchmark runs each program: in this one, after the grid above, the kernel's fresh
-    # select read 10.0 ms against 8.6 in a new process (XLA's 10.2 and 9.9).
+    return gp, sp, len(shapes), len(tables)
+
+
+def _fit_fresh(fit: _Fit, quick, log) -> None:
+    """A result above glibc's mmap threshold is mapped anew on every call; the same
+    select timed with glibc told not to map (so it reuses its heap) gives the cost of the
+    mapping itself, per result byte. Timed in a process of its own, as the benchmark runs
+    each program (in the calibrating process, after the grid, the fresh select read
+    slower than in a new one)."""
     n, t, t_reused = _fresh_in_child(quick)
     for impl in ("native", "lax"):
         if t_reused is not None:
             extra, how = t[impl] - t_reused[impl], "the same call on reused heap memory"
         else:  # not glibc: the residual over the linear fit
-            extra = t[impl] - (table[f"select.{impl}.s0"]
-                               + table[f"select.{impl}.s_per_byte"] * n * 13)
+            extra = t[impl] - (fit.values[f"select.{impl}.s0"]
+                               + fit.values[f"select.{impl}.s_per_byte"] * n * 13)
             how = "the linear fit's prediction"
-        table[f"fresh.{impl}.s_per_byte"] = max(0.0, extra / (n * _F32))
-        notes[f"fresh.{impl}.s_per_byte"] = (
-            f"{impl} select of a {n * _F32 >> 20} MiB result (a fresh mapping per call), "
-            f"over {how}, per result byte")
+        fit.set(f"fresh.{impl}.s_per_byte", max(0.0, extra / (n * _F32)),
+                f"{impl} select of a {n * _F32 >> 20} MiB result (a fresh mapping per call), "
+                f"over {how}, per result byte")
         log(f"  select {n * _F32 >> 20} MiB: {impl} {t[impl] * 1e3:.2f} ms fresh"
             + (f", {t_reused[impl] * 1e3:.2f} ms reused" if t_reused else ""))
 
-    # fitted on what is left once the fresh mapping of a big result is paid
-    gp = {impl: [(x, _less_fresh(t, table, impl, b)) for x, t, b in p]
+
+def _fit_gather(fit: _Fit, gp: dict[str, list], nshapes: int, log) -> None:
+    """The kernel's loop by least squares; XLA's launch as what its small calls take beyond
+    the kernel's loop. Fitted on what is left once the fresh mapping of a big result is
+    paid."""
+    gp = {impl: [(x, _less_fresh(t, fit.values, impl, b)) for x, t, b in p]
           for impl, p in gp.items()}
-    fit = _fit(gp["native"], ["s0", "s_per_row", "s_per_byte"], log,
-               "gather native")
-    for key, v in fit.items():
-        table[f"gather.native.{key}"] = v
-        notes[f"gather.native.{key}"] = (f"native row gather f32 on arguments, "
-                                         f"{len(shapes)} shapes (rows x row bytes)")
-    # XLA's launch: what its small calls take beyond the kernel's loop
-    launch = [float(t_l - (t_n - fit["s0"]))
+    f = _fit(gp["native"], ["s0", "s_per_row", "s_per_byte"], log, "gather native")
+    for key, v in f.items():
+        fit.set(f"gather.native.{key}", v,
+                f"native row gather f32 on arguments, {nshapes} shapes (rows x row bytes)")
+    launch = [float(t_l - (t_n - f["s0"]))
               for (x, t_l), (_, t_n) in zip(gp["lax"], gp["native"]) if x[2] <= 300_000]
-    table["gather.lax.s0"] = max(0.0, statistics.median(launch))
-    notes["gather.lax.s0"] = ("lax row gather f32 on arguments, the shapes of under 300 KB "
-                              "moved: time beyond the kernel's loop")
-    for impl in sp:
-        sp[impl] = [(x, _less_fresh(t, table, impl, b)) for x, t, b in sp[impl]]
-        fit = _fit(sp[impl], ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"], log,
-                   f"scatter-add {impl}")
-        for key, v in fit.items():
-            table[f"scatter_add.{impl}.{key}"] = v
-            notes[f"scatter_add.{impl}.{key}"] = (
-                f"{impl}: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and "
-                f"{len(tables)} big tables with small cotangents")
+    fit.set("gather.lax.s0", max(0.0, statistics.median(launch)),
+            "lax row gather f32 on arguments, the shapes of under 300 KB moved: time beyond "
+            "the kernel's loop")
 
-    # last: glibc's thresholds stay fixed once set (mallopt ends its dynamic threshold)
-    with _no_fresh_mappings():  # the loops alone, without glibc trimming and refaulting
-        ratios = _row_ratios(rng, quick, log, table["gather.native.s0"], table["gather.lax.s0"])
+
+def _fit_scatter(fit: _Fit, sp: dict[str, list], ntables: int, log) -> None:
+    for impl, p in sp.items():
+        pts = [(x, _less_fresh(t, fit.values, impl, b)) for x, t, b in p]
+        f = _fit(pts, ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"], log,
+                 f"scatter-add {impl}")
+        for key, v in f.items():
+            fit.set(f"scatter_add.{impl}.{key}", v,
+                    f"{impl}: grad of sum(gather(t) * ct) w.r.t. t, the same shapes and "
+                    f"{ntables} big tables with small cotangents")
+
+
+def _fit_row_ratios(fit: _Fit, rng, quick, log) -> None:
+    """Last: glibc's thresholds stay fixed once set (mallopt ends its dynamic threshold).
+    The loops alone, without glibc trimming and refaulting."""
+    with _no_fresh_mappings():
+        ratios = _row_ratios(rng, quick, log, fit.values["gather.native.s0"],
+                             fit.values["gather.lax.s0"])
     for cols, r in ratios.items():
-        table[f"gather.lax.row_ratio.{cols}"] = r
-        notes[f"gather.lax.row_ratio.{cols}"] = (
-            f"lax over native row gather, rows of {cols} f32 elements, about 4 MiB of result, "
-            "fixed costs taken off")
-    missing = set(_cost_table.TABLE) - set(table)
-    if missing:
-        raise RuntimeError(f"calibration left out {sorted(missing)}")
-    return table, notes
+        fit.set(f"gather.lax.row_ratio.{cols}", r,
+                f"lax over native row gather, rows of {cols} f32 elements, about 4 MiB of "
+                "result, fixed costs taken off")
 
 
-def render(table, notes, machine: str) -> str:
-    """The table as the Python module jax_ext/_cost_table.py (its docstring kept)."""
-    head = _cost_table.__doc__ or ""
-    lines = [f'"""{head}"""', "from __future__ import annotations", "",
-             f"MACHINE = {machine!r}", "",
-             "# Structural, not fitted: XLA:CPU splits a loop over its thread pool from about "
-             "this",
-             "# many result bytes (below, one thread: the \"single\" regime), and glibc maps "
-             "a block of",
-             "# at least its dynamic mmap threshold's ceiling (32 MiB on 64-bit) fresh on "
-             "every call.",
-             f"POOL_MIN_BYTES = {_cost_table.POOL_MIN_BYTES}",
-             f"MMAP_THRESHOLD_BYTES = {_cost_table.MMAP_THRESHOLD_BYTES >> 20} << 20",
-             "# The row lengths (elements of the result's last dim) at which XLA's gather loop",
-             "# is timed against the kernel's (gather.lax.row_ratio.*).",
-             f"ROW_LENGTHS = {tuple(_cost_table.ROW_LENGTHS)!r}",
-             "# Policy, not fitted: the kernel runs only where estimated this much cheaper; "
-             "within",
-             "# the fit's noise the lax path (which fuses like the jnp code) is kept.",
-             f"NATIVE_MARGIN = {_cost_table.NATIVE_MARGIN}", "",
-             "TABLE: dict[str, float] = {"]
-    for k in _cost_table.TABLE:  # each constant under a comment saying what it was fitted on
-        lines += [f"    # {ln}" for ln in textwrap.wrap(notes[k], 92)]
-        lines.append(f"    {k!r}: {table[k]:.3e},")
-    lines += ["}", "", "# The same, for code and tests.", "FITTED_ON: dict[str, str] = {"]
-    for k in _cost_table.TABLE:
-        parts = textwrap.wrap(notes[k], 80, drop_whitespace=False)
-        lines.append(f"    {k!r}:")
-        lines += [f"        {p!r}" for p in parts[:-1]] + [f"        {parts[-1]!r},"]
-    lines += ["}", ""]
-    return "\n".join(lines)
+def calibrate(quick: bool, machine: str, log=print) -> costs.CostTable:
+    """Times this machine and fits every constant of the cost table."""
+    rng = np.random.default_rng(0)
+    fit = _Fit()
+    shipped = costs.shipped()
+    for path, v in costs.leaves(shipped):  # not fitted: kept as shipped
+        if path.startswith("structure."):
+            fit.set(path, v, shipped.about[path])
+    _fit_select(fit, rng, quick, log)
+    _fit_materialize(fit, rng, quick)
+    gp, sp, nshapes, ntables = _gather_points(rng, quick, log)
+    _fit_fresh(fit, quick, log)
+    _fit_gather(fit, gp, nshapes, log)
+    _fit_scatter(fit, sp, ntables, log)
+    _fit_row_ratios(fit, rng, quick, log)
+    return costs.from_flat(machine, fit.values, fit.about)  # checks every constant is there
 
 
-def markdown(table, notes, machine: str) -> str:
+def _unit(path: str, v: float) -> tuple[str, float]:
+    if ".row_ratio." in path:
+        return "x", v
+    if "byte" in path.split(".")[-1]:
+        return "ns/byte", v * 1e9
+    if "per_row" in path:
+        return "ns/row", v * 1e9
+    return "us", v * 1e6
+
+
+def markdown(table: costs.CostTable) -> str:
     """The fitted table as Markdown, for the docs (no paths, no dates)."""
-    lines = [f"Fitted on: {machine}.", "",
-             f"Structural: XLA's thread pool from {_cost_table.POOL_MIN_BYTES} bytes of result; "
-             f"glibc's mmap threshold {_cost_table.MMAP_THRESHOLD_BYTES >> 20} MiB. Policy: the "
-             f"kernel runs where estimated below {_cost_table.NATIVE_MARGIN:g}x the lax path's "
+    st = table.structure
+    lines = [f"Fitted on: {table.machine}.", "",
+             f"Structural: XLA's thread pool from {st.pool_min_bytes} bytes of result; "
+             f"glibc's mmap threshold {st.mmap_threshold_bytes >> 20} MiB. Policy: the "
+             f"kernel runs where estimated below {st.native_margin:g}x the lax path's "
              "time.", "",
              "| constant | value | fitted on |", "|---|---:|---|"]
-    for k in _cost_table.TABLE:
-        v = table[k]
-        unit = ("x", v) if ".row_ratio." in k else (
-            ("ns/byte", v * 1e9) if "per_byte" in k or "byte" in k.split(".")[-1] else (
-                ("ns/row", v * 1e9) if "per_row" in k else ("us", v * 1e6)))
-        lines.append(f"| `{k}` | {unit[1]:.4g} {unit[0]} | {notes[k]} |")
+    for path, v in costs.leaves(table):
+        if path.startswith("structure."):
+            continue
+        unit, shown = _unit(path, v)
+        lines.append(f"| `{path}` | {shown:.4g} {unit} | {table.about[path]} |")
     return "\n".join(lines) + "\n"
+
+
+def _write(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"wrote {path}")
 
 
 def main(quick: bool, out: str | None, report: str | None = None) -> int:
@@ -427,22 +456,13 @@ def main(quick: bool, out: str | None, report: str | None = None) -> int:
     machine = (f"{meta['cpu']} x{meta['cores']}, jax {meta['jax']}, load average "
                f"{os.getloadavg()[0]:.1f} when fitted")
     print(f"calibrating auto's cost model on {machine}"
-          f"{' (--quick grid)' if quick else ''}, load {os.getloadavg()[0]:.1f}", flush=True)
-    table, notes = calibrate(quick, log=lambda s: print(s, flush=True))
-    text = render(table, notes, machine)
+          f"{' (--quick grid)' if quick else ''}", flush=True)
+    table = calibrate(quick, machine, log=lambda s: print(s, flush=True))
     if out:
-        with open(out, "w") as f:
-            f.write(text)
-        print(f"wrote {out} ({len(table)} constants)")
+        _write(out, costs.dumps(table))
     else:
-        print(text)
-        print(f"(not written: --table {_cost_table.__file__} would replace the package's "
-              "table)")
+        print(costs.dumps(table))
+        print(f"(not written: --table {costs.PATH} would replace the package's table)")
     if report:
-        d = os.path.dirname(report)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(report, "w") as f:
-            f.write(markdown(table, notes, machine))
-        print(f"wrote {report}")
+        _write(report, markdown(table))
     return 0

@@ -1,0 +1,48 @@
+"""implementation "auto": native or lax, chosen per call site while lowering.
+
+A native call is opaque to XLA: what produces its operands and what consumes its result can
+no longer be fused with it into one loop. ``choose`` reads the call site (analysis.py),
+estimates each side's time (model.py, with the constants of costs.json) and takes the
+cheaper; explain.py records each decision for :func:`jax_ext.explain`. Every path gives the
+same bits, so a choice can only change the time.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _compat, _names
+from . import analysis, costs, model
+from .model import Choice
+
+__all__ = ["Choice", "choose"]
+
+# The operands whose producers matter per op (small ones -- scalars, broadcast rows, index
+# vectors -- are read from memory on both sides at little cost). XLA's scatter neither
+# fuses nor is fused away, so the scatter-add reads none.
+_BIG = {"select": ("cond", "x", "y"), "gather": ("src",), "scatter_add": ()}
+
+
+def choose(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any],
+           params: dict[str, Any]) -> Choice:
+    """auto's choice at the call site being lowered (`ctx`, with MLIR values `args`)."""
+    site = analysis.site(op.op, prim, ctx, args, params, op.operands, _BIG[op.op])
+    if site is None:
+        return _symbolic(op, prim, ctx, args)
+    return model.decide(site, costs.shipped(), ctx, params)
+
+
+def _symbolic(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any]) -> Choice:
+    """Symbolic shapes (jax.export): no estimate; the kernel where nothing fuses."""
+    if op.op == "scatter_add":
+        return Choice(True, "a size known only at run time; XLA's scatter does not fuse "
+                      "either")
+    stack = _compat.enclosing_equations()
+    for name, aval, v in zip(op.operands, ctx.avals_in, args):
+        if aval.ndim == 0 or name not in _BIG[op.op]:
+            continue
+        mem, what = analysis.producer(v, stack)
+        if not mem:
+            return Choice(False, f"a size known only at run time; {name} comes from {what}")
+    kept, why = analysis.consumers(prim)
+    return Choice(kept, f"a size known only at run time; {why}")

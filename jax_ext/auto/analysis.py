@@ -1,0 +1,344 @@
+"""What implementation "auto" reads about a call site: what produces each operand and
+what consumes the result, from the MLIR being built and the jaxprs being lowered.
+
+A native call is opaque to XLA: an operand whose producer would fuse into the lax path's
+loop must be written to memory first, and a result a consumer would fuse must be read back.
+``site()`` gathers those facts, with the bytes each side moves, for the cost model
+(model.py) and for measured decisions (tuning.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _compat, _names
+
+ir = _compat.ir
+
+# StableHLO ops whose results XLA:CPU keeps in memory (they do not fuse into consumers).
+_MATERIALIZED_OPS = {
+    "stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution", "stablehlo.custom_call",
+    "stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.gather", "stablehlo.scatter",
+    "stablehlo.sort", "stablehlo.while", "stablehlo.case", "stablehlo.if", "stablehlo.fft",
+    "stablehlo.rng_bit_generator", "stablehlo.all_reduce", "stablehlo.all_gather",
+    "stablehlo.all_to_all", "stablehlo.collective_permute", "stablehlo.reduce_scatter",
+    "stablehlo.triangular_solve", "stablehlo.cholesky", "stablehlo.select_and_scatter",
+    "stablehlo.dynamic_update_slice", "stablehlo.optimization_barrier",
+    "stablehlo.batch_norm_training", "stablehlo.batch_norm_grad",
+}
+# Ops that only relabel their operand's bytes: look through them (and through the free
+# views of _free_view: a size-1 broadcast_in_dim, a transpose moving only size-1 dims).
+_VIEW_OPS = {"stablehlo.reshape", "stablehlo.bitcast_convert"}
+
+
+def _moves_only_size1(perm: Sequence[int], shape: Sequence[int]) -> bool:
+    """Does the transpose `perm` of `shape` keep the order of every dim larger than 1?"""
+    big = [p for p in perm if int(shape[p]) != 1]
+    return big == sorted(big)
+
+
+def _free_view(op: Any, name: str) -> bool:
+    """A broadcast_in_dim that adds only size-1 dims (the batch dim jax_ext's own batching
+    rules insert), or a transpose of size-1 dims: the same bytes, in the same order."""
+    try:
+        src = ir.RankedTensorType(op.operands[0].type)
+        dst = ir.RankedTensorType(op.results[0].type)
+        if name == "stablehlo.broadcast_in_dim":
+            return math.prod(src.shape) == math.prod(dst.shape)
+        if name == "stablehlo.transpose":
+            perm = [int(p) for p in ir.DenseI64ArrayAttr(op.attributes["permutation"])]
+            return _moves_only_size1(perm, src.shape)
+    except Exception:
+        pass
+    return False
+
+# jaxpr primitives that read their operands from memory whatever produced them, so a
+# native result feeding them costs nothing extra.
+_OPAQUE_CONSUMERS = frozenset({
+    "dot_general", "conv_general_dilated", "sort", "scatter", "scatter-add", "scatter_add",
+    "scatter_mul", "scatter_min", "scatter_max", "while", "cond", "scan", "fft", "ffi_call",
+    "custom_call", "cholesky", "triangular_solve", "lu", "qr", "eigh", "svd",
+}) | _names.PRIMITIVES
+# Reductions that XLA:CPU (jaxlib 0.10.2) runs as a YNNPACK fusion reading its operand from
+# memory, for these operand dtypes: the producer is materialized by XLA itself, so a native
+# result feeding them costs nothing extra (checked in the compiled HLO: a kLoop fusion
+# writing the operand, then a kCustom __ynn_fusion; other dtypes fuse into a kLoop).
+_MEMORY_REDUCTIONS = {
+    "reduce_sum": {"float32", "float64"},
+    "reduce_max": {"float16", "bfloat16", "float32", "float64"},
+    "reduce_min": {"float16", "bfloat16", "float32", "float64"},
+}
+# Call-like primitives whose body is lowered inline: look through them by position.
+_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "remat2",
+          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
+# Control flow whose results are buffers (loop state, branch results).
+_BUFFER_RESULTS = {"while", "scan", "cond"}
+
+
+def _callee(module_op: Any, name: str) -> Any:
+    for op in module_op.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func" and ir.StringAttr(
+                op.attributes["sym_name"]).value == name:
+            return op
+    return None
+
+
+def _outer_value(value: Any, stack: Sequence[Any], level: int) -> tuple[Any, int] | None:
+    """The value an argument of an inner function (a nested jit, a scan body, ...) is
+    called with, from the jaxpr lowered around it: (value, level) or None."""
+    if level + 1 >= len(stack):
+        return None
+    jaxpr, _, env = stack[level]
+    pos = [k for k, v in enumerate(jaxpr.invars) if env.get(v) is not None and env[v] == value]
+    _, outer_eqn, outer_env = stack[level + 1]
+    inner = _inner_jaxpr(outer_eqn)
+    if len(pos) != 1 or inner is not jaxpr or len(jaxpr.invars) != len(outer_eqn.invars):
+        return None
+    v = outer_eqn.invars[pos[0]]
+    return (outer_env[v], level + 1) if v in outer_env else None
+
+
+def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
+             depth: int = 0) -> tuple[bool, str]:
+    """Is `value` (an MLIR value being lowered) already in memory? -> (yes, what it is).
+    `stack`: _compat.enclosing_equations(), to follow arguments of inner functions out."""
+    try:
+        if isinstance(value, ir.BlockArgument):
+            parent = value.owner.owner
+            name = parent.operation.name if parent is not None else "?"
+            if name == "func.func":
+                fname = ir.StringAttr(parent.attributes["sym_name"]).value
+                if fname == "main":
+                    return True, "argument"
+                outer = _outer_value(value, stack, level)
+                if outer is not None and depth < 8:
+                    return producer(outer[0], stack, outer[1], depth + 1)
+                return False, f"argument of inner function {fname}"
+            if name == "stablehlo.while":
+                return True, "loop state"
+            return False, f"block argument of {name}"
+        op = value.owner
+        name = op.operation.name if hasattr(op, "operation") else op.name
+        if (name in _VIEW_OPS or _free_view(op, name)) and depth < 8:
+            return producer(op.operands[0], stack, level, depth + 1)
+        if name == "func.call" and depth < 8:
+            # A nested jit: follow the callee's returned value (and its arguments back here).
+            callee_name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            module_op = op.operation.parent
+            while module_op is not None and module_op.name != "builtin.module":
+                module_op = module_op.parent
+            callee = _callee(module_op, callee_name) if module_op is not None else None
+            if callee is not None:
+                ret = callee.regions[0].blocks[0].operations[-1]
+                v = ret.operands[value.result_number]
+                if isinstance(v, ir.BlockArgument) and v.owner.owner == callee:
+                    return producer(op.operands[v.arg_number], stack, level, depth + 1)
+                return producer(v, stack, level, depth + 1)
+            return False, f"result of call {callee_name}"
+        if name in _MATERIALIZED_OPS:
+            return True, name.removeprefix("stablehlo.")
+        if name == "stablehlo.constant":
+            splat = ir.DenseElementsAttr(op.attributes["value"]).is_splat
+            return (not splat), "constant"
+        return False, name.removeprefix("stablehlo.")
+    except Exception as e:  # any surprise in the IR: assume it would fuse
+        return False, f"unknown ({type(e).__name__})"
+
+
+def _type_bytes(t: Any) -> int:
+    rt = ir.RankedTensorType(t)
+    et = rt.element_type
+    for cls in (ir.IntegerType, ir.FloatType):
+        try:
+            width = int(cls(et).width)
+            break
+        except Exception:
+            continue
+    else:
+        width = 32
+    return math.prod(rt.shape) * max(1, width // 8)
+
+
+def producer_reads(value: Any) -> int:
+    """Bytes the loop computing `value` (a fusible op's result) reads from memory: its
+    operands, less broadcasts, iotas and constants (computed in the loop). Materializing
+    `value` for a native call re-reads them, where one fused loop read them once."""
+    try:
+        op = value.owner
+        for _ in range(8):  # look through views to the op that computes
+            name = op.operation.name if hasattr(op, "operation") else op.name
+            if name not in _VIEW_OPS and not _free_view(op, name):
+                break
+            op = op.operands[0].owner
+        total = 0
+        for v in op.operands:
+            src = v.owner
+            sname = "" if isinstance(v, ir.BlockArgument) else (
+                src.operation.name if hasattr(src, "operation") else src.name)
+            if sname in ("stablehlo.broadcast_in_dim", "stablehlo.constant", "stablehlo.iota"):
+                continue
+            total += _type_bytes(v.type)
+        return total
+    except Exception:  # an unknown shape of IR: count nothing extra
+        return 0
+
+
+def _uses(jaxpr: Any, var: Any) -> list[Any]:
+    return [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
+
+
+def _inner_jaxpr(eqn: Any) -> Any:
+    for k in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        j = eqn.params.get(k)
+        if j is not None:
+            return getattr(j, "jaxpr", j)
+    return None
+
+
+def _free_view_eqn(e: Any) -> bool:
+    """A jaxpr equation that only relabels its operand: reshape, squeeze, expand_dims, a
+    broadcast_in_dim adding size-1 dims, a transpose of size-1 dims."""
+    name = e.primitive.name
+    try:
+        a, b = e.invars[0].aval, e.outvars[0].aval
+        if name in ("reshape", "squeeze", "expand_dims"):
+            return True
+        if name == "broadcast_in_dim":
+            return bool(math.prod(a.shape) == math.prod(b.shape))
+        if name == "transpose":
+            return _moves_only_size1(e.params["permutation"], a.shape)
+    except Exception:
+        pass
+    return False
+
+
+def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
+    """Do the uses of `var` inside `jaxpr` leave it in memory? (opaque, first fusing use)."""
+    for e in _uses(jaxpr, var):
+        name = e.primitive.name
+        if name in _OPAQUE_CONSUMERS and not (
+                name in _names.PRIMITIVES and e.params.get("impl") == "auto"):
+            continue
+        # (a jax_ext op under "auto" is decided after this one: it may take lax and fuse)
+        if str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ()):
+            continue
+        if _free_view_eqn(e) and depth < 8:
+            ok, what = _consumer_in(jaxpr, e.outvars[0], depth + 1)
+            if not ok:
+                return ok, what
+            continue
+        if name in _CALLS and depth < 8:
+            inner = _inner_jaxpr(e)
+            if inner is not None and len(inner.invars) == len(e.invars):
+                for pos, v in enumerate(e.invars):
+                    if v is var:
+                        ok, what = _consumer_in(inner, inner.invars[pos], depth + 1)
+                        if not ok:
+                            return ok, what
+                continue
+        return False, name
+    return True, ""
+
+
+def consumers(prim: Any) -> tuple[bool, str]:
+    """Would the result of the equation being lowered (of primitive `prim`) stay in memory
+    anyway? -> (yes, why). Looks at the jaxprs jax is lowering right now."""
+    stack = _compat.enclosing_equations()
+    if not stack or stack[0][1].primitive is not prim:
+        return False, "consumers unknown"
+    var = stack[0][1].outvars[0]
+    for level, (jaxpr, _, _) in enumerate(stack):
+        ok, what = _consumer_in(jaxpr, var, 0)
+        if not ok:
+            return False, f"result feeds {what}"
+        if not any(v is var for v in jaxpr.outvars):
+            return True, "result read by opaque ops only"
+        if level + 1 == len(stack):
+            return True, "result is a program output"
+        outer = stack[level + 1][1]
+        if _inner_jaxpr(outer) is not jaxpr and outer.primitive.name not in _BUFFER_RESULTS:
+            return False, f"result leaves {outer.primitive.name}"
+        if outer.primitive.name in _BUFFER_RESULTS:
+            return True, f"result is {outer.primitive.name} state"
+        if len(jaxpr.outvars) != len(outer.outvars):
+            return False, f"result leaves {outer.primitive.name}"
+        var = outer.outvars[[i for i, v in enumerate(jaxpr.outvars) if v is var][0]]
+    return False, "consumers unknown"
+
+
+def static_nbytes(aval: Any) -> int | None:
+    """Bytes of an array, or None when a dimension is symbolic (jax.export)."""
+    try:
+        return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    nbytes: int
+    in_memory: bool  # already in memory whatever runs (an argument, a dot's result, ...)
+    producer: str    # what produces it ("small": not looked at)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the estimates need about one call site, read from the IR being lowered."""
+    op: str
+    out_bytes: int
+    operands: tuple[Operand, ...]
+    rereads: dict[str, int]  # per operand that would fuse: bytes its producer reads
+    result_kept: bool   # no consumer would fuse the result
+    consumer: str       # why (or the first fusing consumer)
+    key: str            # the site's fingerprint (see fingerprint())
+
+    def notes(self) -> str:
+        parts = [f"{o.name}: {o.producer}" if o.in_memory else
+                 f"{o.name} comes from {o.producer}, which would fuse"
+                 for o in self.operands if o.producer != "small"]
+        return ", ".join(parts + [self.consumer])
+
+    def fused(self) -> bool:
+        """Would the lax path fuse with a neighbour (a producer or a consumer)?"""
+        return not self.result_kept or any(not o.in_memory for o in self.operands)
+
+
+def fingerprint(op: str, ctx: Any, params: dict[str, Any], context: Sequence[str]) -> str:
+    """A short stable name for a call site: the op, its operand and result types, its
+    static params and what surrounds it (`context`: what produces each operand and what
+    consumes the result). Two call sites with one fingerprint run the same code in the
+    same surroundings, so one measured choice serves both."""
+    avals = [a.str_short() for a in list(ctx.avals_in) + list(ctx.avals_out)]
+    static = sorted((k, repr(v)) for k, v in params.items() if k not in ("impl", "api"))
+    text = repr((op, avals, static, list(context)))
+    return f"{op}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def site(op: str, prim: Any, ctx: Any, args: Sequence[Any], params: dict[str, Any],
+         names: Sequence[str], big: Sequence[str]) -> Site | None:
+    """The sizes and the producer/consumer analysis; None when a size is symbolic.
+    `big`: the operands whose producers matter (small ones -- scalars, broadcast rows,
+    index vectors -- are read from memory on both sides at little cost)."""
+    out = static_nbytes(ctx.avals_out[0])
+    if out is None:
+        return None
+    stack = _compat.enclosing_equations()
+    ops, rereads = [], {}
+    for name, aval, v in zip(names, ctx.avals_in, args):
+        n = static_nbytes(aval)
+        if n is None:
+            return None
+        if name not in big or aval.ndim == 0 or n * 8 < out:
+            ops.append(Operand(name, n, True, "small"))
+            continue
+        mem, what = producer(v, stack)
+        ops.append(Operand(name, n, mem, what))
+        if not mem:
+            rereads[name] = producer_reads(v)
+    kept, why = consumers(prim)
+    key = fingerprint(op, ctx, params, [o.producer for o in ops] + [why])
+    return Site(op, out, tuple(ops), rereads, kept, why, key)
