@@ -19,6 +19,7 @@ from ._config import implementation
 from ._gather import gather
 from . import _scatter_add  # noqa: F401  (registers gather's transpose)
 from .auto.explain import Decision, explain
+from .auto.tuning import Report as TuningReport, tune, tuning
 from ._names import TARGETS as _TARGETS
 from ._native import native_available, native_error
 from ._select import select, where, where3
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = ["select", "where", "where3", "gather", "native_available", "native_error",
-           "implementation", "explain", "Decision", "export_checks"]
+           "implementation", "explain", "Decision", "tune", "tuning", "TuningReport",
+           "export_checks"]
 
 
 def export_checks() -> list[DisabledSafetyCheck]:

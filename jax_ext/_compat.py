@@ -123,6 +123,24 @@ def impl_state(names, env: str):
         return _ThreadLocalState(names[0], env)
 
 
+def tuning_state(default: str):
+    """A jax config state 'jax_ext_tuning_state' holding which measured choices a lowering
+    sees (jax_ext.auto.tuning), part of the jit cache key and the trace context, so a
+    function traced before jax_ext.tune stored a choice is traced again after. jax has no
+    public string state that joins the jit key: string_or_object_state is jax's own."""
+    from jax._src import config as jax_config
+    return jax_config.string_or_object_state(
+        name="jax_ext_tuning_state", default=default,
+        help="jax_ext: which measured call-site choices implementation 'auto' uses "
+             "(set by jax_ext.tune and jax_ext.tuning; not a user setting).",
+        include_in_jit_key=True, include_in_trace_context=True)
+
+
+def set_tuning_state(state, value: str) -> None:
+    """The state's process-wide value (what threads outside a tuning() block see)."""
+    jax.config.update("jax_ext_tuning_state", value)
+
+
 class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
     def __init__(self, default, env):
         import os

@@ -194,7 +194,7 @@ def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
             if out is None:
                 why = "dtype not handled natively"
         explain.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why,
-                       choice.est_native_s, choice.est_lax_s)
+                       choice.est_native_s, choice.est_lax_s, choice.site)
         if out is None and raw_lax is not None and _compat.spmd_mesh_shape(ctx) is not None:
             out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)

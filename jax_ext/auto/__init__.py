@@ -8,11 +8,12 @@ same bits, so a choice can only change the time.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from .. import _compat, _names
-from . import analysis, costs, model
+from . import analysis, costs, model, tuning
 from .model import Choice
 
 __all__ = ["Choice", "choose"]
@@ -29,7 +30,11 @@ def choose(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any],
     site = analysis.site(op.op, prim, ctx, args, params, op.operands, _BIG[op.op])
     if site is None:
         return _symbolic(op, prim, ctx, args)
-    return model.decide(site, costs.shipped(), ctx, params)
+    estimate = model.decide(site, costs.shipped(), ctx, params)
+    measured = tuning.lookup(site.key)  # a stored measurement wins over the estimate
+    if measured is None:
+        return estimate
+    return dataclasses.replace(estimate, native=measured.native, reason=measured.reason)
 
 
 def _symbolic(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any]) -> Choice:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,8 @@ class Decision:
             this site in seconds, including materializing what the lax path would fuse;
             None where no estimate was made (a forced implementation, a symbolic size).
         est_lax_s: the same for the lax path.
+        site: the call site's fingerprint under ``"auto"`` (what :func:`jax_ext.tune`
+            stores a measured choice under), else None.
     """
     op: str
     impl: str
@@ -37,6 +39,7 @@ class Decision:
     where: str
     est_native_s: float | None = None
     est_lax_s: float | None = None
+    site: str | None = None
 
     def __str__(self) -> str:
         return f"{self.where}: {self.op} -> {self.impl} ({self.requested}: {self.reason})"
@@ -59,12 +62,13 @@ def _user_frame(ctx: Any) -> str:
 
 
 def record(ctx: Any, op: str, impl: str, requested: str, reason: str,
-           est_native_s: float | None = None, est_lax_s: float | None = None) -> None:
+           est_native_s: float | None = None, est_lax_s: float | None = None,
+           site: str | None = None) -> None:
     """Called by the lowering for every call site it lowers for CPU."""
     sink = getattr(_log, "sink", None)
     if sink is not None:
         sink.append(Decision(op, impl, requested, reason, _user_frame(ctx), est_native_s,
-                             est_lax_s))
+                             est_lax_s, site))
 
 
 @contextlib.contextmanager
@@ -101,11 +105,22 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
         One :class:`Decision` per call site, in lowering order.
     """
     import jax
-    # Arrays (anything with a shape and a dtype) are traced; every other leaf (an int, a
-    # string, None: what jit's static arguments are) is bound as a Python value, so a
-    # jitted function receives its static arguments as it would when called. A fresh
-    # outer function: never a cached lowering, so every decision is made (and recorded).
-    leaves, tree = jax.tree.flatten((args, kwargs))
+    traced, dyn = traceable(fn, args, kwargs)
+    with recording() as decisions:
+        jax.jit(traced).trace(*dyn).lower(lowering_platforms=("cpu",))
+    return list(decisions)
+
+
+def traceable(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+              ) -> tuple[Callable[..., Any], list[Any]]:
+    """`fn` as a function of the array leaves of (args, kwargs) alone, and those leaves.
+
+    Arrays (anything with a shape and a dtype) are traced; every other leaf (an int, a
+    string, None: what jit's static arguments are) is bound as a Python value, so a jitted
+    function receives its static arguments as it would when called. A fresh function:
+    jitting it is never a cached lowering, so every decision is made (and recorded)."""
+    import jax
+    leaves, tree = jax.tree.flatten((tuple(args), dict(kwargs)))
     dyn = [k for k, v in enumerate(leaves) if hasattr(v, "shape") and hasattr(v, "dtype")]
 
     def traced(*dyn_leaves: Any) -> Any:
@@ -114,7 +129,4 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
             full[k] = v
         a, kw = jax.tree.unflatten(tree, full)
         return fn(*a, **kw)
-
-    with recording() as decisions:
-        jax.jit(traced).trace(*[leaves[k] for k in dyn]).lower(lowering_platforms=("cpu",))
-    return list(decisions)
+    return traced, [leaves[k] for k in dyn]

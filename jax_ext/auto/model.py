@@ -33,6 +33,7 @@ class Choice:
     reason: str
     est_native_s: float | None = None
     est_lax_s: float | None = None
+    site: str | None = None  # the call site's fingerprint, when its sizes are known
 
 
 def fmt_s(s: float) -> str:
@@ -141,4 +142,5 @@ def decide(site: Site, t: CostTable, ctx: Any, params: dict[str, Any]) -> Choice
         notes = (f"{site.operands[0].nbytes} cotangent bytes into a {site.out_bytes}-byte "
                  "zero-filled result")
     return Choice(native < lax * t.structure.native_margin,
-                  f"est. native {fmt_s(native)} vs lax {fmt_s(lax)}; {notes}", native, lax)
+                  f"est. native {fmt_s(native)} vs lax {fmt_s(lax)}; {notes}", native, lax,
+                  site.key)
