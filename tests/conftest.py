@@ -1,6 +1,10 @@
 import os
+import tempfile
 
 import jax
+
+# The suite (its children included) never reads or writes the user's tuning cache.
+os.environ["JAX_EXT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_ext_test_cache_")
 
 # 64-bit dtypes (float64, int64, uint64, complex128) are part of the contract.
 jax.config.update("jax_enable_x64", True)
