@@ -215,31 +215,39 @@ def _free_view_eqn(e: Any) -> bool:
     return False
 
 
+def _reads_from_memory(e: Any, var: Any) -> bool:
+    """Does equation `e` read `var` from memory whatever produced it?"""
+    name = e.primitive.name
+    # (a jax_ext op under "auto" is decided after this one: it may take lax and fuse)
+    if name in _OPAQUE_CONSUMERS and not (
+            name in _names.PRIMITIVES and e.params.get("impl") == "auto"):
+        return True
+    return str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ())
+
+
+def _through(e: Any, var: Any) -> list[tuple[Any, Any]] | None:
+    """Where a use of `var` by `e` continues, as (jaxpr, var) pairs to look at in its
+    stead: a free view's result, a call's parameter; None when `e` is neither."""
+    if _free_view_eqn(e):
+        return [(None, e.outvars[0])]
+    inner = _inner_jaxpr(e) if e.primitive.name in _CALLS else None
+    if inner is None or len(inner.invars) != len(e.invars):
+        return None
+    return [(inner, inner.invars[pos]) for pos, v in enumerate(e.invars) if v is var]
+
+
 def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
     """Do the uses of `var` inside `jaxpr` leave it in memory? (opaque, first fusing use)."""
     for e in _uses(jaxpr, var):
-        name = e.primitive.name
-        if name in _OPAQUE_CONSUMERS and not (
-                name in _names.PRIMITIVES and e.params.get("impl") == "auto"):
+        if _reads_from_memory(e, var):
             continue
-        # (a jax_ext op under "auto" is decided after this one: it may take lax and fuse)
-        if str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ()):
-            continue
-        if _free_view_eqn(e) and depth < 8:
-            ok, what = _consumer_in(jaxpr, e.outvars[0], depth + 1)
+        nexts = _through(e, var) if depth < 8 else None
+        if nexts is None:
+            return False, e.primitive.name
+        for inner, v in nexts:
+            ok, what = _consumer_in(jaxpr if inner is None else inner, v, depth + 1)
             if not ok:
                 return ok, what
-            continue
-        if name in _CALLS and depth < 8:
-            inner = _inner_jaxpr(e)
-            if inner is not None and len(inner.invars) == len(e.invars):
-                for pos, v in enumerate(e.invars):
-                    if v is var:
-                        ok, what = _consumer_in(inner, inner.invars[pos], depth + 1)
-                        if not ok:
-                            return ok, what
-                continue
-        return False, name
     return True, ""
 
 
