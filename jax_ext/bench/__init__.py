@@ -4,7 +4,8 @@ one process, and the calibration of implementation "auto"'s cost model
 
 Modules: ``cli`` (the command), ``timing`` (alternating calls), ``report`` (table, machine
 header, plot), the cases per op (``select``, ``gather``), whole ``programs``, ``sharded``
-cases, and ``calibrate``.
+cases, the ``kinds`` of rows (single calls, element-wise and sparse programs), and
+``calibrate``.
 """
 from __future__ import annotations
 
