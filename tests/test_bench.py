@@ -254,3 +254,33 @@ def test_sides_read_the_same_argument_buffers_unless_donated():
     # the agreement check runs on copies; every timed call reads x itself
     assert (x.unsafe_buffer_pointer(),) in seen["ours"] & seen["theirs"]
     assert len(seen["ours"] | seen["theirs"]) == 3  # x, and the two copies of the check
+
+
+def test_program_sides_run_by_the_cost_model_forced_and_tuned():
+    """A program's row ratio is auto by its cost model alone (tuning off), its native and
+    lax columns the forced implementations, and its tuned column auto with the tuning
+    cache consulted: each side's calls run in its own context."""
+    from jax_ext import _config
+    from jax_ext.auto import tuning
+    from jax_ext.bench.timing import measure
+    seen: dict[str, set] = {"ours": set(), "theirs": set()}
+    f = jax.jit(lambda a: a * 2)
+
+    def recording(side):
+        def call(*args):
+            if not isinstance(args[0], jax.core.Tracer):  # timed calls, not explain's traces
+                seen[side].add((_config.current(), tuning.active()))
+            return f(*args)
+        return call
+    x = jax.numpy.arange(64, dtype=jax.numpy.float32)
+    case = dict(name="sides", op="program", dtype="float32", elements=64, bytes=0,
+                chain=False, exact=False, impls=True, kind="element-wise programs",
+                make=lambda: (recording("ours"), recording("theirs"), (x,)))
+    with jax_ext.implementation("auto"):
+        (row,) = measure(case, rounds=3, min_sample_s=0.0, patterns=("reused",))
+    assert seen["ours"] == {("auto", False), ("native", True), ("lax", True), ("auto", True)}
+    for side in ("native", "lax", "tuned"):
+        assert row[f"{side}_ratio"] > 0 and row[f"{side}_s"] > 0, side
+    assert row["tune_s"] is None and row["tune_changes"] is None  # not asked to tune
+    assert "tuned_picked" in row
+
