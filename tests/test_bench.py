@@ -284,3 +284,60 @@ def test_program_sides_run_by_the_cost_model_forced_and_tuned():
     assert row["tune_s"] is None and row["tune_changes"] is None  # not asked to tune
     assert "tuned_picked" in row
 
+
+def test_tune_tunes_each_program_before_timing_it(tmp_path, monkeypatch):
+    """--tune: the program is tuned in its own process (the flag is passed on), and its
+    row records the tuned column, how long tuning took and what it changed. The cache
+    written is the suite's temporary one (conftest sets JAX_EXT_CACHE_DIR; children
+    inherit it), never the user's."""
+    import os
+    import subprocess
+    children = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        children.append(cmd)
+        return real_run(cmd, *a, **k)
+    monkeypatch.setattr(subprocess, "run", run)
+    out = tmp_path / "b.json"
+    impl = "auto" if jax_ext.native_available() else "lax"
+    assert bench.main(["--quick", "--impl", impl, "--tune", "--tune-budget", "2",
+                       "--only", "prog where(x>0, x*2, y+1) f32", "--rounds", "3",
+                       "--pattern", "reused", "--json", str(out),
+                       "--plot", str(tmp_path / "b.png")]) == 0
+    (cmd,) = children
+    assert "--tune" in cmd and cmd[cmd.index("--tune-budget") + 1] == "2.0"
+    data = json.loads(out.read_text())
+    assert data["meta"]["tune_budget_s"] == 2.0
+    (row,) = data["results"]
+    assert row["kind"] == "element-wise programs"
+    assert row["tuned_ratio"] > 0 and row["tuned_s"] > 0 and row["tune_s"] >= 0
+    assert isinstance(row["tune_changes"], list) and row["tuned_picked"].startswith("select:")
+    cache = os.environ["JAX_EXT_CACHE_DIR"]
+    assert "jax_ext_test_cache_" in cache
+    if impl == "auto":  # a site auto decides: measured, and stored in the suite's cache
+        assert os.path.exists(os.path.join(cache, "tuning.json"))
+
+
+def test_table_has_tuned_and_tuning_columns():
+    """Program rows show the tuned ratio and the seconds tuning took; single calls show
+    "-" there. Where the tuning cache changed what ran, `ran` says so."""
+    single = dict(name="select 8 elements f32", pattern="reused", ours_s=1e-5, ref_s=2e-5,
+                  ratio=2.0, ratio_min=1.5, ratio_max=2.5, spread=0.1, gbps=1.0, agrees=True,
+                  picked="select:native", kind="single calls")
+    prog = dict(single, name="prog x", exact=False, native_ratio=1.5, lax_ratio=0.9,
+                tuned_ratio=1.62, tune_s=3.14, picked="gather:lax",
+                tuned_picked="gather:native", kind="sparse programs")
+    untuned = dict(prog, tune_s=None, tuned_picked="gather:lax")
+    head = [h for h, _, _ in bench.COLUMNS]
+    assert head[head.index("lax") + 1:head.index("lax") + 3] == ["tuned", "tuning s"]
+    md = bench.format_table([single, prog, untuned], markdown=True).splitlines()
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in md]
+    col = {h: i for i, h in enumerate(cells[0])}
+    assert cells[2][col["tuned"]] == "-" and cells[2][col["tuning s"]] == "-"
+    assert cells[3][col["tuned"]] == "1.62x" and cells[3][col["tuning s"]] == "3.1"
+    assert cells[3][col["ran"]] == "gather:lax; tuned: gather:native"
+    assert cells[4][col["tuning s"]] == "-" and cells[4][col["ran"]] == "gather:lax"
+    text = bench.format_table([single, prog])
+    assert "tuned" in text.splitlines()[0] and "tuning s" in text.splitlines()[0]
+

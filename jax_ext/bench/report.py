@@ -25,6 +25,12 @@ def _fmt_x(r):
     return "-" if r is None else f"{r:.2f}x"
 
 
+def _ran(r):
+    """What ran at each call site; where the tuning cache changed that, what ran tuned."""
+    tuned = r.get("tuned_picked")
+    return r["picked"] if not tuned or tuned == r["picked"] else f"{r['picked']}; tuned: {tuned}"
+
+
 # (header, width, cell(row) -> str). A list, so more columns can be added in one place.
 COLUMNS = [
     ("case", -56, lambda r: r["name"]),
@@ -43,7 +49,9 @@ COLUMNS = [
                              "exact" if r.get("exact", True) else "close")),
     ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
     ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
-    ("ran", -28, lambda r: r["picked"]),
+    ("tuned", 6, lambda r: _fmt_x(r.get("tuned_ratio"))),
+    ("tuning s", 8, lambda r: "-" if r.get("tune_s") is None else f"{r['tune_s']:.1f}"),
+    ("ran", -28, lambda r: _ran(r)),
 ]
 
 
@@ -155,9 +163,19 @@ def header_lines(meta) -> list[str]:
         f"- implementation: {meta['implementation']}; calling patterns: "
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
+        f"- tuned column: {_tuned_source(meta)}",
         f"- load average at start/end: {meta['loadavg_start'][0]:.1f} / "
         f"{meta.get('loadavg_end', meta['loadavg_start'])[0]:.1f}",
     ]
+
+
+def _tuned_source(meta) -> str:
+    budget = meta.get("tune_budget_s")
+    if budget is None:
+        return ("auto with the tuning cache as found (no `--tune`: the same choices as auto "
+                "unless these programs were tuned before)")
+    return (f"auto with the choices `jax_ext.tune` measured for each program right before "
+            f"timing it (`--tune`, at most {budget:g} s a program; `tuning s` says how long)")
 
 
 def write_report(rows, meta, path) -> None:
