@@ -227,8 +227,8 @@ def _tune(ours, args, budget_s, patterns):
     pattern = "both" if both else "fresh" if "fresh" in patterns else "reused"
     t0 = time.perf_counter()
     report = jax_ext.tune(ours, *args, budget_s=budget_s, pattern=pattern)
-    changes = [f"{r.op} at {r.where}: {r.model_impl} -> {r.impl}"
-               for r in report.sites if r.impl != r.model_impl]
+    changes = [f"{r.op}{'' if r.where == '?' else ' at ' + r.where}: {r.model_impl} -> "
+               f"{r.impl}" for r in report.sites if r.impl != r.model_impl]
     return dict(tune_s=time.perf_counter() - t0, tune_changes=changes)
 
 
