@@ -341,3 +341,51 @@ def test_table_has_tuned_and_tuning_columns():
     text = bench.format_table([single, prog])
     assert "tuned" in text.splitlines()[0] and "tuning s" in text.splitlines()[0]
 
+
+def _synthetic_rows():
+    """A row per case of a full run and pattern, as the benchmark writes them (made up
+    times, nothing run)."""
+    rows = []
+    for k, case in enumerate(bench.all_cases(quick=False)):
+        fields = {f: v for f, v in case.items() if not callable(v)}
+        for pattern in ("reused", "fresh"):
+            r = dict(fields, pattern=pattern, ours_s=1e-4, ref_s=1e-4 * (0.5 + k % 7 / 2),
+                     picked="x")
+            r["ratio"] = r["ref_s"] / r["ours_s"]
+            if case["op"] == "program":
+                r.update(native_ratio=1.2, lax_ratio=0.9, tuned_ratio=1.25)
+            rows.append(r)
+    return rows
+
+
+_META = dict(jax_ext="0", implementation="auto", date="today", cpu="cpu", cores=2, jax="0",
+             jaxlib="0")
+
+
+def test_plot_groups_the_ratios_by_kind_on_one_screen(tmp_path):
+    """One panel per kind (and the select sweep's throughput), one line per case with a
+    marker per way it ran, the noise band between identical programs named in the
+    legend; a full run's cases fit one screen."""
+    import pytest
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    from jax_ext.bench import kinds, plot
+    rows = _synthetic_rows()
+    fig = plot.figure(rows, _META)
+    panels = {ax.get_title(loc="left"): ax for ax in fig.axes}
+    assert "select throughput against size" in panels
+    for kind in kinds.KINDS:
+        (ax,) = [ax for t, ax in panels.items() if t.startswith(kind)]
+        names = {r["name"].removeprefix("prog ") for r in rows if r["kind"] == kind}
+        assert {t.get_text() for t in ax.get_yticklabels()} == names, kind
+        # single calls: auto only; programs: auto, tuned, native and lax; each reused
+        # (filled) and fresh (hollow)
+        assert len(ax.collections) == (2 if kind == kinds.SINGLE else 8), kind
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert any("±15%" in t and "identical" in t for t in legend), legend
+    assert {"auto (cost model)", "auto, tuned", "forced native", "forced lax"} <= set(legend)
+    w, h = fig.get_size_inches() * plot.DPI
+    assert w <= 1920 and h <= 1080, (w, h)
+    matplotlib.pyplot.close(fig)
+    assert plot.plot(rows, _META, str(tmp_path / "b.png")) and (tmp_path / "b.png").stat().st_size

@@ -69,7 +69,8 @@ import sys
 import jax_ext
 
 from ..auto.tuning import enabled_by_env as tuning_enabled_by_env
-from .report import format_table, machine_info, plot as _plot, write_report
+from .plot import plot as _plot
+from .report import format_table, machine_info, write_report
 from .select import select_cases
 from .timing import child_env, measure
 
