@@ -53,8 +53,8 @@ and sparse programs (built on row gathers).
 Each program row runs in a process of its own (``--same-process`` runs them here), as a
 user's program does: glibc's heap is state that one case leaves to the next (freeing a
 block of 32 MiB raises its dynamic mmap threshold; a long run fragments the heap), and
-that state, not the program, decides which side pays the page faults (the DLRM-like step
-read 1.4-1.7x its jnp twin here, 2.9x in a process that had run other programs first).
+that state, not the program, can decide which side pays the page faults (the docs'
+performance page gives an example).
 
 Without the compiled module this refuses to run (exit status 2) unless ``--impl lax``
 asks for the lax fallback explicitly: lax timings must not pass for the native ones.

@@ -72,9 +72,9 @@ def _onnx_gather(host):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = min(model.ir_version, 10)
     # Its worker threads do not spin after a run: they would keep both cores of a small
-    # machine busy through the next call, whichever side made it (measured on 2 cores:
-    # that call 262144x128 took 11 ms instead of 7). Spinning off, onnxruntime's own call
-    # in a loop of its calls: 3.6 ms instead of 3.4, 0.24 instead of 0.20 at 65536x64.
+    # machine busy through the next call, whichever side made it, while spinning saves
+    # onnxruntime's own calls little (docs/performance.md, "onnxruntime's spinning
+    # threads").
     opts = ort.SessionOptions()
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")

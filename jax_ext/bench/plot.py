@@ -11,8 +11,8 @@ from __future__ import annotations
 from .kinds import KINDS, SINGLE
 
 # Two sides that compile to the same program read up to about this far apart on a small
-# shared machine (docs/performance.md: the masked-pooling rows' auto and native columns,
-# one program, 1.04x and 1.19x), so the plot shades 1 +- this around 1.0.
+# shared machine (docs/performance.md), so the plot shades 1 +- this around 1.0: a gap
+# inside it is not a measured difference.
 NOISE = 0.15
 BAND = "0.72"
 

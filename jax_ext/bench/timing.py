@@ -84,8 +84,8 @@ def _orders(n):
     once, such that in the sequence they make (row after row, then round after round,
     cyclically) each side follows each other side exactly once. Calls run back to back
     across rows, so predecessors are what must balance: a Latin square balanced within
-    its rows only left, at its row boundaries, one side after another twice (with four
-    sides, identical programs then read 0.97x and 1.22x). Found by a small search."""
+    its rows only left, at its row boundaries, one side after another twice, which
+    favoured whoever followed whom (docs/performance.md). Found by a small search."""
     perms = list(itertools.permutations(range(n)))
 
     def extend(rows, used):
@@ -261,7 +261,7 @@ def _sides(case, ours, theirs, args, host, pattern, ort):
     def jax_side(fn, ctx):
         # Every side reads the very same argument buffers, unless one is donated (then
         # each side needs copies of its own): copies differ in where they live (huge or
-        # 4 KiB pages), and that alone made identical programs read 0.94x and 1.25x.
+        # 4 KiB pages), and that alone moves a side's time (docs/performance.md).
         own = _copy_args(args) if chain else args
         return _jax_side(fn, own, pattern, host, args, chain, ctx)
     sides = {"ours": jax_side(ours, _model), "ref": jax_side(theirs, None)}
