@@ -254,3 +254,138 @@ def test_sides_read_the_same_argument_buffers_unless_donated():
     # the agreement check runs on copies; every timed call reads x itself
     assert (x.unsafe_buffer_pointer(),) in seen["ours"] & seen["theirs"]
     assert len(seen["ours"] | seen["theirs"]) == 3  # x, and the two copies of the check
+
+
+def test_program_sides_run_by_the_cost_model_forced_and_tuned():
+    """A program's row ratio is auto by its cost model alone (tuning off), its native and
+    lax columns the forced implementations, and its tuned column auto with the tuning
+    cache consulted: each side's calls run in its own context."""
+    from jax_ext import _config
+    from jax_ext.auto import tuning
+    from jax_ext.bench.timing import measure
+    seen: dict[str, set] = {"ours": set(), "theirs": set()}
+    f = jax.jit(lambda a: a * 2)
+
+    def recording(side):
+        def call(*args):
+            if not isinstance(args[0], jax.core.Tracer):  # timed calls, not explain's traces
+                seen[side].add((_config.current(), tuning.active()))
+            return f(*args)
+        return call
+    x = jax.numpy.arange(64, dtype=jax.numpy.float32)
+    case = dict(name="sides", op="program", dtype="float32", elements=64, bytes=0,
+                chain=False, exact=False, impls=True, kind="element-wise programs",
+                make=lambda: (recording("ours"), recording("theirs"), (x,)))
+    with jax_ext.implementation("auto"):
+        (row,) = measure(case, rounds=3, min_sample_s=0.0, patterns=("reused",))
+    assert seen["ours"] == {("auto", False), ("native", True), ("lax", True), ("auto", True)}
+    for side in ("native", "lax", "tuned"):
+        assert row[f"{side}_ratio"] > 0 and row[f"{side}_s"] > 0, side
+    assert row["tune_s"] is None and row["tune_changes"] is None  # not asked to tune
+    assert "tuned_picked" in row
+
+
+def test_tune_tunes_each_program_before_timing_it(tmp_path, monkeypatch):
+    """--tune: the program is tuned in its own process (the flag is passed on), and its
+    row records the tuned column, how long tuning took and what it changed. The cache
+    written is the suite's temporary one (conftest sets JAX_EXT_CACHE_DIR; children
+    inherit it), never the user's."""
+    import os
+    import subprocess
+    children = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        children.append(cmd)
+        return real_run(cmd, *a, **k)
+    monkeypatch.setattr(subprocess, "run", run)
+    out = tmp_path / "b.json"
+    impl = "auto" if jax_ext.native_available() else "lax"
+    assert bench.main(["--quick", "--impl", impl, "--tune", "--tune-budget", "2",
+                       "--only", "prog where(x>0, x*2, y+1) f32", "--rounds", "3",
+                       "--pattern", "reused", "--json", str(out),
+                       "--plot", str(tmp_path / "b.png")]) == 0
+    (cmd,) = children
+    assert "--tune" in cmd and cmd[cmd.index("--tune-budget") + 1] == "2.0"
+    data = json.loads(out.read_text())
+    assert data["meta"]["tune_budget_s"] == 2.0
+    (row,) = data["results"]
+    assert row["kind"] == "element-wise programs"
+    assert row["tuned_ratio"] > 0 and row["tuned_s"] > 0 and row["tune_s"] >= 0
+    assert isinstance(row["tune_changes"], list) and row["tuned_picked"].startswith("select:")
+    cache = os.environ["JAX_EXT_CACHE_DIR"]
+    assert "jax_ext_test_cache_" in cache
+    if impl == "auto":  # a site auto decides: measured, and stored in the suite's cache
+        assert os.path.exists(os.path.join(cache, "tuning.json"))
+
+
+def test_table_has_tuned_and_tuning_columns():
+    """Program rows show the tuned ratio and the seconds tuning took; single calls show
+    "-" there. Where the tuning cache changed what ran, `ran` says so."""
+    single = dict(name="select 8 elements f32", pattern="reused", ours_s=1e-5, ref_s=2e-5,
+                  ratio=2.0, ratio_min=1.5, ratio_max=2.5, spread=0.1, gbps=1.0, agrees=True,
+                  picked="select:native", kind="single calls")
+    prog = dict(single, name="prog x", exact=False, native_ratio=1.5, lax_ratio=0.9,
+                tuned_ratio=1.62, tune_s=3.14, picked="gather:lax",
+                tuned_picked="gather:native", kind="sparse programs")
+    untuned = dict(prog, tune_s=None, tuned_picked="gather:lax")
+    head = [h for h, _, _ in bench.COLUMNS]
+    assert head[head.index("lax") + 1:head.index("lax") + 3] == ["tuned", "tuning s"]
+    md = bench.format_table([single, prog, untuned], markdown=True).splitlines()
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in md]
+    col = {h: i for i, h in enumerate(cells[0])}
+    assert cells[2][col["tuned"]] == "-" and cells[2][col["tuning s"]] == "-"
+    assert cells[3][col["tuned"]] == "1.62x" and cells[3][col["tuning s"]] == "3.1"
+    assert cells[3][col["ran"]] == "gather:lax; tuned: gather:native"
+    assert cells[4][col["tuning s"]] == "-" and cells[4][col["ran"]] == "gather:lax"
+    text = bench.format_table([single, prog])
+    assert "tuned" in text.splitlines()[0] and "tuning s" in text.splitlines()[0]
+
+
+def _synthetic_rows():
+    """A row per case of a full run and pattern, as the benchmark writes them (made up
+    times, nothing run)."""
+    rows = []
+    for k, case in enumerate(bench.all_cases(quick=False)):
+        fields = {f: v for f, v in case.items() if not callable(v)}
+        for pattern in ("reused", "fresh"):
+            r = dict(fields, pattern=pattern, ours_s=1e-4, ref_s=1e-4 * (0.5 + k % 7 / 2),
+                     picked="x")
+            r["ratio"] = r["ref_s"] / r["ours_s"]
+            if case["op"] == "program":
+                r.update(native_ratio=1.2, lax_ratio=0.9, tuned_ratio=1.25)
+            rows.append(r)
+    return rows
+
+
+_META = dict(jax_ext="0", implementation="auto", date="today", cpu="cpu", cores=2, jax="0",
+             jaxlib="0")
+
+
+def test_plot_groups_the_ratios_by_kind_on_one_screen(tmp_path):
+    """One panel per kind (and the select sweep's throughput), one line per case with a
+    marker per way it ran, the noise band between identical programs named in the
+    legend; a full run's cases fit one screen."""
+    import pytest
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    from jax_ext.bench import kinds, plot
+    rows = _synthetic_rows()
+    fig = plot.figure(rows, _META)
+    panels = {ax.get_title(loc="left"): ax for ax in fig.axes}
+    assert "select throughput against size" in panels
+    for kind in kinds.KINDS:
+        (ax,) = [ax for t, ax in panels.items() if t.startswith(kind)]
+        names = {r["name"].removeprefix("prog ") for r in rows if r["kind"] == kind}
+        assert {t.get_text() for t in ax.get_yticklabels()} == names, kind
+        # single calls: auto only; programs: auto, tuned, native and lax; each reused
+        # (filled) and fresh (hollow)
+        assert len(ax.collections) == (2 if kind == kinds.SINGLE else 8), kind
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert any("±15%" in t and "identical" in t for t in legend), legend
+    assert {"auto (cost model)", "auto, tuned", "forced native", "forced lax"} <= set(legend)
+    w, h = fig.get_size_inches() * plot.DPI
+    assert w <= 1920 and h <= 1080, (w, h)
+    matplotlib.pyplot.close(fig)
+    assert plot.plot(rows, _META, str(tmp_path / "b.png")) and (tmp_path / "b.png").stat().st_size

@@ -3,8 +3,9 @@ one process, and the calibration of implementation "auto"'s cost model
 (``jax-ext-bench --calibrate``).
 
 Modules: ``cli`` (the command), ``timing`` (alternating calls), ``report`` (table, machine
-header, plot), the cases per op (``select``, ``gather``), whole ``programs``, ``sharded``
-cases, and ``calibrate``.
+header), ``plot``, the cases per op (``select``, ``gather``), whole ``programs``, ``sharded``
+cases, the ``kinds`` of rows (single calls, element-wise and sparse programs), and
+``calibrate``.
 """
 from __future__ import annotations
 

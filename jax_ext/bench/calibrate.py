@@ -66,10 +66,9 @@ def _both(fn):
 
 def _reps(nbytes, quick):
     """Rounds and calls per timing of an op: one blocking call each, as a standalone
-    call runs (several calls in flight hide what a lone one waits for: a 4096-row
-    gather took XLA 92 us called alone and 17 us seven at a time, the kernel 26 and 18,
-    the difference being XLA's wait for its thread pool to wake); more rounds for small
-    calls, whose single timings scatter more."""
+    call runs (several calls in flight hide what a lone one waits for, XLA's wait for its
+    thread pool to wake: docs/performance.md, "Calibrating with calls in flight"); more
+    rounds for small calls, whose single timings scatter more."""
     return (5 if quick else 11) * (3 if nbytes < (1 << 20) else 1), 1
 
 
@@ -168,8 +167,8 @@ def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
     turn; per pair of neighbouring calls (the machine's drift cancels within a pair) the
     ratio of their times less each side's fixed cost, and the median of those. XLA's loop
     runs over the result's last dim innermost and its code changes in steps with that
-    length (f32 rows of 74 elements and of 75 differ by 2.5x here), so the ratio is
-    measured at each length of ROW_LENGTHS, not fitted."""
+    length (docs/performance.md, "One cost per byte for XLA's gather loop"), so the ratio
+    is measured at each length of ROW_LENGTHS, not fitted."""
     ratios = {}
     fn = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
     rounds = 11 if quick else 31

@@ -1,8 +1,8 @@
 """The main job: jax_ext against the jnp built-ins, side by side, in one process.
 
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
-                  [--impl auto|native|lax] [--json bench.json] [--plot bench.png]
-                  [--report benchmark.md]
+                  [--impl auto|native|lax] [--tune [--tune-budget S]]
+                  [--json bench.json] [--plot bench.png] [--report benchmark.md]
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
 
 Each case jits both functions, checks they agree bit for bit, then times them call by
@@ -40,14 +40,21 @@ program feels. By default jax_ext runs as users get it, ``implementation("auto")
 ``ran`` column says what ran at each call site (native or lax; ``jax_ext.explain``).
 Program rows also time the same program under forced native and forced lax in the same
 alternation (the ``native`` and ``lax`` columns: jnp time / that time), so auto can be
-judged against the better of the two. ``--impl native`` / ``--impl lax`` force one
-everywhere.
+judged against the better of the two, and under auto with the tuning cache consulted (the
+``tuned`` column; ``jax_ext.tuning(True)``), while the row's own ratio is auto by its
+cost model alone (``jax_ext.tuning(False)``). ``--tune`` tunes each program
+(``jax_ext.tune``, at most ``--tune-budget`` seconds, 10 by default) before timing it,
+writing the tuning cache, and records how long that took (``tuning s``); without it the
+tuned column times whatever the cache holds (the same as auto unless the programs were
+tuned on this machine before). ``--impl native`` / ``--impl lax`` force one everywhere.
+Rows are grouped by kind: single calls, element-wise programs (selects among other ops)
+and sparse programs (built on row gathers).
 
 Each program row runs in a process of its own (``--same-process`` runs them here), as a
 user's program does: glibc's heap is state that one case leaves to the next (freeing a
 block of 32 MiB raises its dynamic mmap threshold; a long run fragments the heap), and
-that state, not the program, decides which side pays the page faults (the DLRM-like step
-read 1.4-1.7x its jnp twin here, 2.9x in a process that had run other programs first).
+that state, not the program, can decide which side pays the page faults (the docs'
+performance page gives an example).
 
 Without the compiled module this refuses to run (exit status 2) unless ``--impl lax``
 asks for the lax fallback explicitly: lax timings must not pass for the native ones.
@@ -61,7 +68,9 @@ import sys
 
 import jax_ext
 
-from .report import format_table, machine_info, plot as _plot, write_report
+from ..auto.tuning import enabled_by_env as tuning_enabled_by_env
+from .plot import plot as _plot
+from .report import format_table, machine_info, write_report
 from .select import select_cases
 from .timing import child_env, measure
 
@@ -80,6 +89,15 @@ def _where(path: str) -> str:
     return f"{path} (in the current directory)" if here else path
 
 
+def _fields(case) -> dict:
+    """What a row keeps of its case: everything but the functions."""
+    return {k: v for k, v in case.items() if not callable(v)}
+
+
+def _tune_budget(a) -> float | None:
+    return a.tune_budget if a.tune else None
+
+
 def _isolated(name: str, a, rounds: int) -> list:
     """Measures one case in a fresh Python process (this jax_ext, these options)."""
     import subprocess
@@ -89,13 +107,15 @@ def _isolated(name: str, a, rounds: int) -> list:
         out = os.path.join(tmp, "rows.json")
         cmd = [sys.executable, "-m", "jax_ext.bench", "--case", name, "--json", out,
                "--rounds", str(rounds), "--pattern", a.pattern, "--impl", a.impl]
-        subprocess.run(cmd + (["--quick"] if a.quick else []), cwd=tmp, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        cmd += ["--quick"] if a.quick else []
+        cmd += ["--tune", "--tune-budget", str(a.tune_budget)] if a.tune else []
+        # its stderr is ours: the tuner's progress lines show as they come
+        subprocess.run(cmd, cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     # prog: the command users run (`python -m jax_ext.bench` from a clone's root would
     # import the source folder, which has no compiled module).
     p = argparse.ArgumentParser(prog="jax-ext-bench", description=__doc__,
@@ -111,6 +131,13 @@ def main(argv=None):
                    help="the jax_ext implementation measured: 'auto' (default, what users get: "
                         "native or lax per call site), 'native' forces the kernels everywhere, "
                         "'lax' benchmarks the fallback")
+    p.add_argument("--tune", action="store_true",
+                   help="before timing each program, tune its call sites (jax_ext.tune; the "
+                        "choices are stored in the tuning cache, as a user's tuning would) "
+                        "and record how long that took")
+    p.add_argument("--tune-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="with --tune: the most seconds tuning one program may take "
+                        "(default 10)")
     p.add_argument("--json", default="bench.json",
                    help="where to write the results (default: bench.json in the current "
                         "directory)")
@@ -137,56 +164,51 @@ def main(argv=None):
     p.add_argument("--devices", type=int, default=0,
                    help="also run the sharded cases (names start with 'shard') on N host "
                         "devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N)")
-    a = p.parse_args(argv)
-    if a.impl != "lax" and not jax_ext.native_available():
-        why = jax_ext.native_error() or "unknown reason"
-        print(f"jax_ext.bench: the native module is not loaded ({why}).\n"
-              "This benchmark measures the C++ handlers; without them "
-              "every jax_ext call runs the lax fallback, and those timings must not pass for "
-              "the native ones.\nFix: build and install the extension (see the README's "
-              "'Supported versions and dependencies'), or pass --impl lax to benchmark the "
-              "lax fallback on purpose.", file=sys.stderr)
-        return 2
-    if a.calibrate:
-        from . import calibrate
-        return calibrate.main(quick=a.quick, out=a.table, report=a.report)
-    if a.devices > 1:  # before anything starts jax's backends
-        from . import sharded
-        sharded.force_host_devices(a.devices, argv)
-    rounds = max(3, a.rounds or (7 if a.quick else 15))
-    min_sample = 0.01 if a.quick else 0.03
-    patterns = ("reused", "fresh") if a.pattern == "both" else (a.pattern,)
-    cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]
-             and (a.case is None or c["name"] == a.case)]
-    if a.case is not None:  # a child of _isolated: its rows only
-        with jax_ext.implementation(a.impl):
-            rows = [{k: v for k, v in cases[0].items() if not callable(v)} | r
-                    for r in measure(cases[0], rounds, min_sample, patterns)]
-        with open(a.json, "w") as f:
-            json.dump(rows, f)
-        return 0
-    meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
-                                       loadavg_start=list(os.getloadavg()))
+    return p
+
+
+def _no_native_module() -> int:
+    why = jax_ext.native_error() or "unknown reason"
+    print(f"jax_ext.bench: the native module is not loaded ({why}).\n"
+          "This benchmark measures the C++ handlers; without them "
+          "every jax_ext call runs the lax fallback, and those timings must not pass for "
+          "the native ones.\nFix: build and install the extension (see the README's "
+          "'Supported versions and dependencies'), or pass --impl lax to benchmark the "
+          "lax fallback on purpose.", file=sys.stderr)
+    return 2
+
+
+def _headline(meta, a, n_cases: int) -> str:
     native = "native module loaded" if meta["native"] else "NO native module"
-    print(f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {native} | {meta['date']} | "
-          f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
-          f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {len(cases)} cases x "
-          f"{len(patterns)} patterns, {rounds} alternating rounds | "
-          f"load {meta['loadavg_start'][0]:.1f}"
-          + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()),
-          flush=True)
-    rows = []
-    with jax_ext.implementation(a.impl):
-        for i, case in enumerate(cases):
-            print(f"[{i + 1}/{len(cases)}] {case['name']} ...", end="", flush=True,
-                  file=sys.stderr)
-            isolate = case["op"] == "program" and not a.same_process
-            for r in (_isolated(case["name"], a, rounds) if isolate
-                      else measure(case, rounds, min_sample, patterns)):
-                print(f" {r['pattern']} {r['ratio']:.2f}x", end="", flush=True, file=sys.stderr)
-                rows.append({k: v for k, v in case.items() if not callable(v)} | r)
-            print(file=sys.stderr)
-    meta["loadavg_end"] = list(os.getloadavg())
+    tuned = (f"--tune ({a.tune_budget:g} s a program)" if a.tune
+             else "the tuning cache as found")
+    return (f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {native} | {meta['date']} | "
+            f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
+            f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {n_cases} cases x "
+            f"{len(meta['patterns'])} patterns, {meta['rounds']} alternating rounds | "
+            f"tuned column: {tuned} | load {meta['loadavg_start'][0]:.1f}"
+            + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()))
+
+
+def _run_case(case, tag: str, a, rounds: int, min_sample: float, patterns) -> list:
+    """One case's rows (a program in a process of its own unless --same-process), its
+    progress on stderr."""
+    program = case["op"] == "program"
+    # the tuner prints lines of its own: they start on a line of theirs
+    print(f"{tag} {case['name']} ...", end="\n" if a.tune and program else "", flush=True,
+          file=sys.stderr)
+    if program and not a.same_process:
+        got = _isolated(case["name"], a, rounds)
+    else:
+        got = measure(case, rounds, min_sample, patterns, _tune_budget(a))
+    for r in got:
+        tuned = f" (tuned {r['tuned_ratio']:.2f}x)" if r.get("tuned_ratio") else ""
+        print(f" {r['pattern']} {r['ratio']:.2f}x{tuned}", end="", flush=True, file=sys.stderr)
+    print(file=sys.stderr)
+    return [_fields(case) | r for r in got]
+
+
+def _write_outputs(rows, meta, a) -> None:
     print(format_table(rows))
     if a.markdown:
         print()
@@ -200,6 +222,43 @@ def main(argv=None):
     print(f"wrote {_where(a.json)}")
     if _plot(rows, meta, a.plot):
         print(f"wrote {_where(a.plot)}")
+
+
+def main(argv=None):
+    a = _parser().parse_args(argv)
+    if a.impl != "lax" and not jax_ext.native_available():
+        return _no_native_module()
+    if a.calibrate:
+        from . import calibrate
+        return calibrate.main(quick=a.quick, out=a.table, report=a.report)
+    if a.devices > 1:  # before anything starts jax's backends
+        from . import sharded
+        sharded.force_host_devices(a.devices, argv)
+    rounds = max(3, a.rounds or (7 if a.quick else 15))
+    min_sample = 0.01 if a.quick else 0.03
+    patterns = ("reused", "fresh") if a.pattern == "both" else (a.pattern,)
+    cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]
+             and (a.case is None or c["name"] == a.case)]
+    if a.case is not None:  # a child of _isolated: its rows only
+        with jax_ext.implementation(a.impl):
+            rows = [_fields(cases[0]) | r for r in
+                    measure(cases[0], rounds, min_sample, patterns, _tune_budget(a))]
+        with open(a.json, "w") as f:
+            json.dump(rows, f)
+        return 0
+    if a.tune and not tuning_enabled_by_env():
+        print("jax_ext.bench: JAX_EXT_TUNING is off, so --tune measures but stores nothing "
+              "and the tuned column times the choices the cache held before.", file=sys.stderr)
+    meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
+                                       tune_budget_s=_tune_budget(a),
+                                       loadavg_start=list(os.getloadavg()))
+    print(_headline(meta, a, len(cases)), flush=True)
+    with jax_ext.implementation(a.impl):
+        rows = [r for i, case in enumerate(cases)
+                for r in _run_case(case, f"[{i + 1}/{len(cases)}]", a, rounds, min_sample,
+                                   patterns)]
+    meta["loadavg_end"] = list(os.getloadavg())
+    _write_outputs(rows, meta, a)
     ok = all(r["agrees"] for r in rows) and all(
         r.get("ort_agrees") is not False for r in rows)
     return 0 if ok else 1

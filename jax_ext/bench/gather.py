@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._gather import gather
+from .kinds import SINGLE
 
 
 def _index(rng, rows, n):
@@ -51,7 +52,7 @@ def _gather_case(rows, cols, n, seed=0):
 
     return dict(name=f"gather f32 {rows}x{cols} n={n}", op="gather", dtype="float32",
                 elements=n * cols, bytes=2 * n * cols * item + 4 * n, make=make, chain=False,
-                onnx=_onnx_gather, copy_bytes=n * cols * item)
+                onnx=_onnx_gather, copy_bytes=n * cols * item, kind=SINGLE)
 
 
 def _onnx_gather(host):
@@ -71,9 +72,9 @@ def _onnx_gather(host):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = min(model.ir_version, 10)
     # Its worker threads do not spin after a run: they would keep both cores of a small
-    # machine busy through the next call, whichever side made it (measured on 2 cores:
-    # that call 262144x128 took 11 ms instead of 7). Spinning off, onnxruntime's own call
-    # in a loop of its calls: 3.6 ms instead of 3.4, 0.24 instead of 0.20 at 65536x64.
+    # machine busy through the next call, whichever side made it, while spinning saves
+    # onnxruntime's own calls little (docs/performance.md, "onnxruntime's spinning
+    # threads").
     opts = ort.SessionOptions()
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -102,7 +103,8 @@ def _loss_grad_case(rows, cols, n, seed=2):
 
     return dict(name=f"gather loss grad sum(g**2) f32 {rows}x{cols} n={n}", op="gather_grad",
                 dtype="float32", elements=rows * cols,
-                bytes=3 * n * cols * 4 + 4 * n + 2 * rows * cols * 4, make=make, chain=False)
+                bytes=3 * n * cols * 4 + 4 * n + 2 * rows * cols * 4, make=make, chain=False,
+                kind=SINGLE)
 
 
 def _grad_case(rows, cols, n, seed=1):
@@ -119,7 +121,7 @@ def _grad_case(rows, cols, n, seed=1):
     # reads the cotangent rows, writes (zeroes, then adds into) the src-shaped result
     return dict(name=f"gather grad f32 {rows}x{cols} n={n}", op="gather_grad", dtype="float32",
                 elements=rows * cols, bytes=n * cols * item + 4 * n + 2 * rows * cols * item,
-                make=make, chain=False)
+                make=make, chain=False, kind=SINGLE)
 
 
 def cases(quick: bool) -> list[dict]:

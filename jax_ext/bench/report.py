@@ -1,4 +1,4 @@
-"""The results table (text or Markdown), the machine it ran on, and the plot."""
+"""The results table (text or Markdown) and the machine it ran on."""
 from __future__ import annotations
 
 import os
@@ -25,6 +25,12 @@ def _fmt_x(r):
     return "-" if r is None else f"{r:.2f}x"
 
 
+def _ran(r):
+    """What ran at each call site; where the tuning cache changed that, what ran tuned."""
+    tuned = r.get("tuned_picked")
+    return r["picked"] if not tuned or tuned == r["picked"] else f"{r['picked']}; tuned: {tuned}"
+
+
 # (header, width, cell(row) -> str). A list, so more columns can be added in one place.
 COLUMNS = [
     ("case", -56, lambda r: r["name"]),
@@ -43,7 +49,9 @@ COLUMNS = [
                              "exact" if r.get("exact", True) else "close")),
     ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
     ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
-    ("ran", -28, lambda r: r["picked"]),
+    ("tuned", 6, lambda r: _fmt_x(r.get("tuned_ratio"))),
+    ("tuning s", 8, lambda r: "-" if r.get("tune_s") is None else f"{r['tune_s']:.1f}"),
+    ("ran", -28, lambda r: _ran(r)),
 ]
 
 
@@ -93,55 +101,6 @@ def machine_info(impl: str) -> dict:
                 malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
 
 
-def plot(rows, meta, path) -> bool:
-    """Draws the plot to `path`; False (and says why) without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no plot")
-        return False
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1.4 + 0.3 * max(8, len(rows))),
-                                 gridspec_kw=dict(width_ratios=[1, 1.4]))
-    # Left: throughput against size for the f32 select sweep, both implementations.
-    for pattern, mark in (("reused", "-"), ("fresh", ":")):
-        f32 = [r for r in rows if r["name"].startswith("select f32 2^") and r["pattern"] == pattern]
-        if f32:
-            xs = [r["elements"] for r in f32]
-            ax.plot(xs, [r["bytes"] / r["ours_s"] / 1e9 for r in f32], "o" + mark,
-                    label=f"jax_ext.select ({pattern})")
-            ax.plot(xs, [r["bytes"] / r["ref_s"] / 1e9 for r in f32], "s" + mark,
-                    label=f"jax.jit(jnp.where) ({pattern})")
-    if ax.lines:
-        ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
-    ax.set_xlabel("result elements (float32)")
-    ax.set_ylabel("GB/s (bytes read + written / median time)")
-    ax.set_title("select throughput against size")
-    # Right: the speed ratio of every row with its min-max spread (> 1: jax_ext is faster).
-    names = [f"{r['name']} ({r['pattern']}) [{r['picked']}]" for r in rows][::-1]
-    ratios = [r["ratio"] for r in rows][::-1]
-    err = [[r["ratio"] - r["ratio_min"] for r in rows][::-1],
-           [r["ratio_max"] - r["ratio"] for r in rows][::-1]]
-    bx.barh(names, ratios, xerr=err, color=["tab:green" if v >= 1 else "tab:red" for v in ratios],
-            error_kw=dict(lw=0.7))
-    bx.axvline(1.0, color="k", lw=0.8)
-    bx.set_xscale("log", base=2)
-    bx.set_xlabel("reference time / jax_ext time (log scale; bars: min-max over rounds)")
-    bx.set_title("speed-up over the jnp built-in, per case")
-    bx.tick_params(axis="y", labelsize=6)
-    for y, v in enumerate(ratios):
-        bx.annotate(f"{v:.2f}x", (v, y), xytext=(3, -3), textcoords="offset points", fontsize=6)
-    fig.suptitle(f"jax_ext {meta['jax_ext']} ({meta['implementation']}) | {meta['date']} | "
-                 f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']}",
-                 fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def header_lines(meta) -> list[str]:
     """What a reader needs to judge the numbers: the machine, the versions, the allocator
     settings and the calling patterns. No paths and no dates (the docs include it)."""
@@ -155,9 +114,19 @@ def header_lines(meta) -> list[str]:
         f"- implementation: {meta['implementation']}; calling patterns: "
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
+        f"- tuned column: {_tuned_source(meta)}",
         f"- load average at start/end: {meta['loadavg_start'][0]:.1f} / "
         f"{meta.get('loadavg_end', meta['loadavg_start'])[0]:.1f}",
     ]
+
+
+def _tuned_source(meta) -> str:
+    budget = meta.get("tune_budget_s")
+    if budget is None:
+        return ("auto with the tuning cache as found (no `--tune`: the same choices as auto "
+                "unless these programs were tuned before)")
+    return (f"auto with the choices `jax_ext.tune` measured for each program right before "
+            f"timing it (`--tune`, at most {budget:g} s a program; `tuning s` says how long)")
 
 
 def write_report(rows, meta, path) -> None:

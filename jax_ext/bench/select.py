@@ -12,6 +12,8 @@ import numpy as np
 
 import jax_ext
 
+from .kinds import SINGLE
+
 
 def _select_case(name, n_cond, n_x, n_y, dtype, *, donate=False, rng_seed=0, fn=None):
     """A select case over the broadcast of the three shapes."""
@@ -31,7 +33,7 @@ def _select_case(name, n_cond, n_x, n_y, dtype, *, donate=False, rng_seed=0, fn=
     # 64-bit dtypes exist in jax only with x64 on; without it jnp.asarray would quietly
     # make float32 arrays, and the row would time (and count the bytes of) the wrong dtype.
     return dict(name=name, op="select", dtype=np.dtype(dtype).name, elements=size,
-                bytes=nbytes, make=make, chain=donate, x64=item == 8)
+                bytes=nbytes, make=make, chain=donate, x64=item == 8, kind=SINGLE)
 
 
 def _donated_sparse_case(n, p_true):
@@ -46,7 +48,8 @@ def _donated_sparse_case(n, p_true):
 
     k = n.bit_length() - 1
     return dict(name=f"select donated {int(p_true * 100)}% true f32 2^{k}", op="select",
-                dtype="float32", elements=n, bytes=n + 4 * 3 * n, make=make, chain=True)
+                dtype="float32", elements=n, bytes=n + 4 * 3 * n, make=make, chain=True,
+                kind=SINGLE)
 
 
 def select_cases(quick: bool):

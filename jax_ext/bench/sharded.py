@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .._gather import gather
 from .._select import where
+from .kinds import SINGLE
 
 _FLAG = "--xla_force_host_platform_device_count"
 
@@ -44,7 +45,7 @@ def force_host_devices(n: int, argv=None) -> None:
 
 def _case(name, op, dtype, elements, nbytes, make):
     return dict(name=name, op=op, dtype=np.dtype(dtype).name, elements=int(elements),
-                bytes=int(nbytes), make=make, chain=False)
+                bytes=int(nbytes), make=make, chain=False, kind=SINGLE)
 
 
 def _put(mesh, a, spec):

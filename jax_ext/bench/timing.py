@@ -33,16 +33,17 @@ def _fresh(host, like):
     return out
 
 
-def _jax_side(fn, args, pattern, host, like, chain, impl=None):
+def _jax_side(fn, args, pattern, host, like, chain, ctx=None):
     """One timed call of a jitted function per call of the returned closure, which
     returns (seconds, page faults). "fresh": arguments made right before it (untimed);
-    otherwise `args`, with a donated operand fed back from the previous result. `impl`:
-    call it under ``jax_ext.implementation(impl)`` (entered before the clock starts)."""
+    otherwise `args`, with a donated operand fed back from the previous result. `ctx`: a
+    factory of the context the call runs in (a forced implementation, the tuning cache on
+    or off), entered before the clock starts."""
     state = {"args": args}
 
     def call():
         a = _fresh(host, like) if pattern == "fresh" else state["args"]
-        with jax_ext.implementation(impl) if impl else contextlib.nullcontext():
+        with ctx() if ctx else contextlib.nullcontext():
             f0 = _faults()
             t0 = time.perf_counter()
             out = fn(*a)
@@ -83,8 +84,8 @@ def _orders(n):
     once, such that in the sequence they make (row after row, then round after round,
     cyclically) each side follows each other side exactly once. Calls run back to back
     across rows, so predecessors are what must balance: a Latin square balanced within
-    its rows only left, at its row boundaries, one side after another twice (with four
-    sides, identical programs then read 0.97x and 1.22x). Found by a small search."""
+    its rows only left, at its row boundaries, one side after another twice, which
+    favoured whoever followed whom (docs/performance.md). Found by a small search."""
     perms = list(itertools.permutations(range(n)))
 
     def extend(rows, used):
@@ -151,10 +152,28 @@ def _agree(got, want, exact: bool) -> bool:
             equal_nan=True) for x, y in zip(a, b))
 
 
-def _picked(fn, args) -> str:
-    """What ran at each jax_ext call site of `fn` (native or lax), in call order."""
+# The contexts the jax_ext sides run in. The `ours` side (the row's ratio) is auto by its
+# cost model alone, so that measured choices (the user's tuning cache, or --tune's) show
+# in the tuned column only. The tuning state is part of jit's cache key: each side runs a
+# program compiled for it.
+def _model():
+    return jax_ext.tuning(False)
+
+
+def _tuned():
+    return jax_ext.tuning(True)
+
+
+def _forced(impl):
+    return lambda: jax_ext.implementation(impl)
+
+
+def _picked(fn, args, ctx=_model) -> str:
+    """What ran at each jax_ext call site of `fn` (native or lax), in call order, in the
+    context `ctx` makes."""
     try:
-        return " ".join(f"{d.op}:{d.impl}" for d in jax_ext.explain(fn, *args))
+        with ctx():
+            return " ".join(f"{d.op}:{d.impl}" for d in jax_ext.explain(fn, *args))
     except Exception as e:  # a report, never a reason to stop the benchmark
         return f"? ({type(e).__name__})"
 
@@ -164,91 +183,141 @@ def _stats(xs):
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs), q1=q[0], q3=q[2])
 
 
-def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")):
-    """Times one case in each calling pattern; returns one result dict per pattern."""
+def _ratio(num, den):
+    """Statistics of the per-round ratios num / den (two sides' times)."""
+    return _stats([n / d for n, d in zip(num, den)])
+
+
+def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh"),
+            tune_budget_s: float | None = None):
+    """Times one case in each calling pattern; returns one result dict per pattern.
+    `tune_budget_s`: first tune a program's call sites (``jax_ext.tune`` with this
+    budget), so that its tuned column times measured choices."""
     # A case of 64-bit dtypes is made, traced and timed with x64 on (see _select_case).
     with jax.enable_x64(True) if case.get("x64") else contextlib.nullcontext():
-        return _measure(case, rounds, min_sample_s, patterns)
+        return _measure(case, rounds, min_sample_s, patterns, tune_budget_s)
 
 
-def _measure(case, rounds, min_sample_s, patterns):
+def _measure(case, rounds, min_sample_s, patterns, tune_budget_s):
     ours, theirs, args = case["make"]()
     if case["op"] == "select" and args[1].dtype.name != case["dtype"]:
         raise RuntimeError(f"{case['name']}: made {args[1].dtype} arrays, not {case['dtype']}")
-    chain = case["chain"]
     host = tuple(np.asarray(a) for a in args)
-    # Agreement first (bitwise); donated inputs are consumed, so copy.
-    got = ours(*_copy_args(args))
-    same = _agree(got, theirs(*_copy_args(args)), case.get("exact", True))
-    picked = _picked(ours, args)
-    ort = case["onnx"](host) if case.get("onnx") else None
-    ort_same = None
-    if ort is not None:
-        ort_fn, ort_host, ort_check = ort
-        ort_same = bool(ort_check(np.asarray(got), ort_fn(*ort_host)))
-    copy = None
-    if case.get("copy_bytes"):
-        csrc = np.ones(case["copy_bytes"], np.uint8)
-        cdst = np.zeros_like(csrc)
-        copy = lambda: np.copyto(cdst, csrc)  # noqa: E731
-    results = []
+    tuned: dict[str, object] = {}
+    if case.get("impls"):  # programs: tuned (when asked) before anything is compiled
+        tuned = dict(tune_s=None, tune_changes=None)
+        if tune_budget_s is not None:
+            tuned = _tune(ours, args, tune_budget_s, patterns)
+        tuned["tuned_picked"] = _picked(ours, args, _tuned)
+    check = _check(case, ours, theirs, args, host)
+    rows = []
     for pattern in patterns:
-        # onnxruntime takes its turn among the calls (its threads told not to spin after
-        # a run, see gather.py); numpy's copy, a bandwidth yardstick, runs apart.
+        sides = _sides(case, ours, theirs, args, host, pattern, check["ort"])
+        times, faults, copies, iters = _sample(sides, pattern, rounds, min_sample_s,
+                                               check["copy"])
+        del sides  # their last results, before the next pattern's calls
+        rows.append(_row(case, pattern, times, faults, copies, iters, check) | tuned)
+    return rows
+
+
+def _tune(ours, args, budget_s, patterns):
+    """--tune: measured choices for the program's call sites, stored in the tuning cache;
+    how long that took and which sites moved from the model's choice."""
+    both = {"reused", "fresh"} <= set(patterns)
+    pattern = "both" if both else "fresh" if "fresh" in patterns else "reused"
+    t0 = time.perf_counter()
+    report = jax_ext.tune(ours, *args, budget_s=budget_s, pattern=pattern)
+    changes = [f"{r.op}{'' if r.where == '?' else ' at ' + r.where}: {r.model_impl} -> "
+               f"{r.impl}" for r in report.sites if r.impl != r.model_impl]
+    return dict(tune_s=time.perf_counter() - t0, tune_changes=changes)
+
+
+def _check(case, ours, theirs, args, host):
+    """Before timing: whether the two sides agree (standalone calls bit for bit, programs
+    within rounding), what ran at each call site, onnxruntime's Gather and its agreement
+    where the case has one, and numpy's copy of the result's bytes where it has that."""
+    with _model():  # donated inputs are consumed, so copies
+        got = ours(*_copy_args(args))
+    out = dict(agrees=bool(_agree(got, theirs(*_copy_args(args)), case.get("exact", True))),
+               picked=_picked(ours, args), ort=None, ort_agrees=None, copy=None)
+    ort = case["onnx"](host) if case.get("onnx") else None
+    if ort is not None:
+        fn, ort_host, same = ort
+        out.update(ort=(fn, ort_host), ort_agrees=bool(same(np.asarray(got), fn(*ort_host))))
+    if case.get("copy_bytes"):
+        src = np.ones(case["copy_bytes"], np.uint8)
+        dst = np.zeros_like(src)
+        out["copy"] = lambda: np.copyto(dst, src)
+    return out
+
+
+def _sides(case, ours, theirs, args, host, pattern, ort):
+    """The calls timed in alternation, by name: ours (auto by its cost model), the jnp
+    reference, onnxruntime where the case has it, and for programs the same program under
+    forced native, forced lax and auto with the tuning cache, so that auto can be judged
+    against the better of the two and against measured choices."""
+    chain = case["chain"]
+
+    def jax_side(fn, ctx):
         # Every side reads the very same argument buffers, unless one is donated (then
         # each side needs copies of its own): copies differ in where they live (huge or
-        # 4 KiB pages), and that alone made identical programs read 0.94x and 1.25x.
-        def side_args():
-            return _copy_args(args) if chain else args
-        calls = [_jax_side(ours, side_args(), pattern, host, args, chain),
-                 _jax_side(theirs, side_args(), pattern, host, args, chain)]
-        if ort is not None:
-            calls.append(_host_side(ort_fn, ort_host, pattern))
-        # Programs also time forced native and forced lax, alternating with the rest, so
-        # that auto can be judged against the better of the two (native_ratio, lax_ratio).
-        forced = ("native", "lax") if case.get("impls") else ()
-        first_forced = len(calls)
-        for impl in forced:
-            calls.append(_jax_side(ours, side_args(), pattern, host, args, chain, impl))
-        # warm-up (compiles), then the sample size: enough calls for min_sample_s
-        _time_sides(calls, pattern, 2)
-        iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
-        t_ours, t_ref, t_ort, t_copy, f_ours, f_ref = [], [], [], [], [], []
-        t_forced: list[list[float]] = [[] for _ in forced]
-        for r in range(rounds):
-            ts, fs = _time_sides(calls, pattern, iters, start=r * iters)
-            for k in range(len(forced)):
-                t_forced[k].append(ts[first_forced + k])
-            t_ours.append(ts[0])
-            t_ref.append(ts[1])
-            f_ours.append(fs[0])
-            f_ref.append(fs[1])
-            if ort is not None:
-                t_ort.append(ts[2])
-            if copy is not None:
-                t_copy.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0][0])
-        del calls
-        ratio = _stats([r / o for o, r in zip(t_ours, t_ref)])
-        mo = statistics.median(t_ours)
-        row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
-                   ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
-                   ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
-                   spread=(max(t_ours) - min(t_ours)) / mo,
-                   gbps=case["bytes"] / mo / 1e9, agrees=bool(same), picked=picked,
-                   iters=iters, rounds=rounds, faults=statistics.median(f_ours),
-                   ref_faults=statistics.median(f_ref), ort_s=None, ort_ratio=None,
-                   ort_ratio_min=None, ort_ratio_max=None, ort_agrees=ort_same,
-                   copy_s=None, copy_frac=None)
-        if t_ort:
-            r = _stats([w / o for o, w in zip(t_ours, t_ort)])
-            row.update(ort_s=statistics.median(t_ort), ort_ratio=r["median"],
-                       ort_ratio_min=r["min"], ort_ratio_max=r["max"])
-        for impl, tf in zip(forced, t_forced):
-            row[f"{impl}_ratio"] = _stats([r / o for o, r in zip(tf, t_ref)])["median"]
-            row[f"{impl}_s"] = statistics.median(tf)
-        if t_copy:
-            # our bandwidth over numpy's copy bandwidth, per round: 1.0 = as fast as a copy
-            r = _stats([c / o for o, c in zip(t_ours, t_copy)])
-            row.update(copy_s=statistics.median(t_copy), copy_frac=r["median"])
-        results.append(row)
-    return results
+        # 4 KiB pages), and that alone moves a side's time (docs/performance.md).
+        own = _copy_args(args) if chain else args
+        return _jax_side(fn, own, pattern, host, args, chain, ctx)
+    sides = {"ours": jax_side(ours, _model), "ref": jax_side(theirs, None)}
+    if ort is not None:  # its threads told not to spin after a run (see gather.py)
+        sides["ort"] = _host_side(ort[0], ort[1], pattern)
+    if case.get("impls"):
+        sides.update(native=jax_side(ours, _forced("native")),
+                     lax=jax_side(ours, _forced("lax")), tuned=jax_side(ours, _tuned))
+    return sides
+
+
+def _sample(sides, pattern, rounds, min_sample_s, copy):
+    """Per side, its mean seconds and page faults per call in each round, numpy's copy
+    time per round (timed apart: a bandwidth yardstick, not a side), and the calls per
+    round."""
+    calls = list(sides.values())
+    _time_sides(calls, pattern, 2)  # warm-up (compiles)
+    # the sample size: enough calls for min_sample_s
+    iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    faults: dict[str, list[float]] = {k: [] for k in sides}
+    copies = []
+    for r in range(rounds):
+        ts, fs = _time_sides(calls, pattern, iters, start=r * iters)
+        for k, t, f in zip(sides, ts, fs):
+            times[k].append(t)
+            faults[k].append(f)
+        if copy is not None:
+            copies.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0][0])
+    return times, faults, copies, iters
+
+
+def _row(case, pattern, times, faults, copies, iters, check):
+    """One pattern's result row: medians and ratios over the rounds (the package
+    docstring defines each field)."""
+    t_ours, t_ref = times["ours"], times["ref"]
+    ratio = _ratio(t_ref, t_ours)
+    mo = statistics.median(t_ours)
+    row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
+               ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
+               ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
+               spread=(max(t_ours) - min(t_ours)) / mo,
+               gbps=case["bytes"] / mo / 1e9, agrees=check["agrees"], picked=check["picked"],
+               iters=iters, rounds=len(t_ours), faults=statistics.median(faults["ours"]),
+               ref_faults=statistics.median(faults["ref"]), ort_s=None, ort_ratio=None,
+               ort_ratio_min=None, ort_ratio_max=None, ort_agrees=check["ort_agrees"],
+               copy_s=None, copy_frac=None)
+    if "ort" in times:
+        r = _ratio(times["ort"], t_ours)
+        row.update(ort_s=statistics.median(times["ort"]), ort_ratio=r["median"],
+                   ort_ratio_min=r["min"], ort_ratio_max=r["max"])
+    if copies:
+        # our bandwidth over numpy's copy bandwidth, per round: 1.0 = as fast as a copy
+        row.update(copy_s=statistics.median(copies), copy_frac=_ratio(copies, t_ours)["median"])
+    for side in ("native", "lax", "tuned"):
+        if side in times:
+            row[f"{side}_ratio"] = _ratio(t_ref, times[side])["median"]
+            row[f"{side}_s"] = statistics.median(times[side])
+    return row
