@@ -554,8 +554,9 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
         ids = bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
                     bshape + (n, 1), o[:nbatch + 1] + (None,))
         if sharding is not None:
-            flat = jax.sharding.reshard(flat, jax.sharding.PartitionSpec(
-                *[o[j] for j in full], None, *o[nbatch + 1:]))
+            flat = jax.sharding.reshard(flat, jax.sharding.NamedSharding(
+                sharding.mesh, jax.sharding.PartitionSpec(
+                    *[o[j] for j in full], None, *o[nbatch + 1:])))
         dnums = lax.GatherDimensionNumbers(
             offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
             collapsed_slice_dims=(k,), start_index_map=(k,),
@@ -745,7 +746,8 @@ def _like_primal(t, aval):
         return t
     if _compat.spec_entries(jax.typeof(t)) == _compat.spec_entries(aval):
         return t
-    return jax.sharding.reshard(t, want.spec)
+    # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
+    return jax.sharding.reshard(t, jax.sharding.NamedSharding(mesh, want.spec))
 
 
 # --- batching ---------------------------------------------------------------------------
