@@ -268,3 +268,29 @@ def typed_result(avals_in, like, spec, **updates):
         return like.update(**updates)
     from jax.sharding import PartitionSpec
     return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
+
+
+# --- lowering one shard of a custom_partitioning call ---------------------------------
+# XLA asks custom_partitioning's `partition` callback for the per-device program while it
+# compiles. jaxlib 0.10.2 runs that callback on a thread of its own, where no mesh is set;
+# jaxlib 0.12 runs it on the thread that called jit, so under `jax.set_mesh` with
+# Explicit axes the per-device function is traced with every value typed on that mesh,
+# and jax wraps each op's result in a sharding constraint. The per-device module is never
+# partitioned again, so those constraints reach the CPU backend as `Sharding` custom
+# calls it cannot run ("No registered implementation for untyped custom call to Sharding
+# for Host"). jax_ext therefore lowers each shard's computation itself, with its values
+# untyped and no mesh set, as it is on 0.10.2 (see _lowering._partitioned).
+
+def no_mesh():
+    """A context in which no abstract mesh is set (values trace without sharding types)."""
+    from jax.sharding import AbstractMesh, use_abstract_mesh
+    return use_abstract_mesh(AbstractMesh((), ()))
+
+
+def without_sharding(aval):
+    """`aval` without a mesh in its type (a ShapedArray typed on no mesh); others as is."""
+    if getattr(aval, "sharding", None) is None or not hasattr(aval, "ndim"):
+        return aval
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+    return aval.update(sharding=NamedSharding(AbstractMesh((), ()),
+                                              PartitionSpec(*[None] * aval.ndim)))

@@ -460,7 +460,8 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     """For operands with leading (broadcastable) batch dims: (valid, row), both of the
     broadcast batch shape + (n,). `row` is the flat row of one src viewed as
     (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
-    for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one."""
+    for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one; `row` is then
+    narrowed to the index dtype of _row_dtype."""
     n = index.shape[-1]
     wide = offsets.dtype  # the carrier: int64, or int32 without jax_enable_x64
     ok = jnp.ones(offsets.shape[:-1], bool)
@@ -495,7 +496,22 @@ def _rows(offsets, index, num, *, sshape, dim, check_bounds):
     else:
         valid = ok[..., None] & live & (R > 0)
     row = jnp.where(valid, p[..., None] * R + rc, 0)
-    return valid, row
+    return valid, row.astype(_row_dtype(sshape[:dim + 1], wide))
+
+
+def _row_dtype(dims, carrier):
+    """The dtype the lax paths hand XLA their row ids in: int32 when the flat row count
+    (one past the largest id, which the scatter-add uses for pad rows) fits it, as jnp
+    narrows its gather and scatter indices; else the carrier (int64 under x64; a symbolic
+    count, as in jax.export, cannot be shown to fit). Not only smaller: XLA's SPMD
+    partitioner aborts the process on a scatter whose int64 indices are sharded unevenly
+    (it pads them with an int32 constant)."""
+    total = 1
+    for d in dims:
+        if not isinstance(d, (int, np.integer)):
+            return carrier
+        total *= int(d)
+    return np.dtype(np.int32) if total <= np.iinfo(np.int32).max else carrier
 
 
 def _pad_mask(valid, last, row_len, mid):
@@ -554,8 +570,9 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
         ids = bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
                     bshape + (n, 1), o[:nbatch + 1] + (None,))
         if sharding is not None:
-            flat = jax.sharding.reshard(flat, jax.sharding.PartitionSpec(
-                *[o[j] for j in full], None, *o[nbatch + 1:]))
+            flat = jax.sharding.reshard(flat, jax.sharding.NamedSharding(
+                sharding.mesh, jax.sharding.PartitionSpec(
+                    *[o[j] for j in full], None, *o[nbatch + 1:])))
         dnums = lax.GatherDimensionNumbers(
             offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
             collapsed_slice_dims=(k,), start_index_map=(k,),
@@ -739,7 +756,8 @@ def _like_primal(t, aval):
         return t
     if _compat.spec_entries(jax.typeof(t)) == _compat.spec_entries(aval):
         return t
-    return jax.sharding.reshard(t, want.spec)
+    # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
+    return jax.sharding.reshard(t, jax.sharding.NamedSharding(mesh, want.spec))
 
 
 # --- batching ---------------------------------------------------------------------------

@@ -117,9 +117,15 @@ def _partitioned(ctx, raw, spmd, args, params):
 
     def partition(mesh, arg_shapes, result_shape):
         o = _compat.spec_entries(result_shape)
-        in_specs, out_spec, local = spmd.partition(o, dict(mesh.shape), avals_in, aval_out,
-                                                   **params)
-        return (mesh, lambda *a: local(bind, *a), NamedSharding(mesh, PartitionSpec(*out_spec)),
+        mesh_shape = dict(mesh.shape)
+        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, **params)
+        # The shard's whole computation is one equation, lowered by _shard_local_lowering
+        # (see there and _compat.no_mesh for why).
+        out = (tuple(local_size(d, e, mesh_shape) for d, e in zip(aval_out.shape, out_spec)),
+               np.dtype(aval_out.dtype))
+        body = _ShardBody(lambda *a: local(bind, *a))
+        return (mesh, lambda *a: _shard_local_p.bind(*a, body=body, out=out),
+                NamedSharding(mesh, PartitionSpec(*out_spec)),
                 tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
 
     order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
@@ -128,6 +134,37 @@ def _partitioned(ctx, raw, spmd, args, params):
                      need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
                                                            key=order.get)))
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+
+
+class _ShardBody:
+    """A shard's computation as an equation parameter: hashed and compared by identity."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+# One shard of a partitioned call: `body(*shards)` on local shapes, result `out` (shape,
+# dtype). XLA asks for it while it compiles, on the thread that called jit on jax 0.12,
+# where a `jax.set_mesh` of Explicit axes is still in force: any op traced there would be
+# typed on that mesh and lowered with sharding constraints the per-device program cannot
+# run. So the body is traced here, in this primitive's lowering, with untyped operands
+# and no mesh set: the per-device program is the same on every jax and under any mesh.
+_shard_local_p = _compat.Primitive(_names.SHARD_LOCAL)
+
+
+def _shard_local_abstract_eval(*avals, body, out):
+    return jax.core.ShapedArray(out[0], out[1])
+
+
+def _shard_local_lowering(ctx, *args, body, out):
+    with _compat.no_mesh():
+        plain = ctx.replace(avals_in=[_compat.without_sharding(a) for a in ctx.avals_in],
+                            avals_out=[_compat.without_sharding(a) for a in ctx.avals_out])
+        return mlir.lower_fun(body.fn, multiple_results=False)(plain, *args)
+
+
+_shard_local_p.def_abstract_eval(_shard_local_abstract_eval)
+_compat.register_lowering(_shard_local_p, _shard_local_lowering, cacheable=False)
 
 
 def register(prim, names: _names.OpNames, lax_impl, native_rule, *,

@@ -55,7 +55,10 @@ SCATTER_ADD = OpNames("scatter_add", "jax_ext_scatter_add",
                       ("jax_ext_scatter_add_v1", "jax_ext_scatter_add_v2"))
 OPS: tuple[OpNames, ...] = (SELECT, GATHER, SCATTER_ADD)
 
+# One shard's computation of a partitioned call (_lowering: lowered by jax_ext itself).
+SHARD_LOCAL = "jax_ext_shard_local"
+
 # Every FFI target jax_ext registers, and every primitive it binds.
 TARGETS: tuple[str, ...] = tuple(t for o in OPS for t in o.targets)
 PRIMITIVES: frozenset[str] = frozenset(
-    n for o in OPS for n in (o.primitive,) + o.shard_primitives)
+    n for o in OPS for n in (o.primitive,) + o.shard_primitives) | {SHARD_LOCAL}

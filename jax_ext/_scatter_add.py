@@ -70,20 +70,23 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     sharding = _lowering.explicit_sharding(aval)
     o = _compat.spec_entries(aval)
     c = _compat.spec_entries(jax.typeof(ct))
-    P = jax.sharding.PartitionSpec
+
+    def named(*spec):  # on the operands' mesh: a bare PartitionSpec needs jax.set_mesh
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
     valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
     row = jnp.where(valid, row, rows)  # past the end: dropped
     full = [j for j in range(nbatch) if out_bshape[j] == bshape[j] and not _is_one(bshape[j])]
     keep = tuple(bshape[j] for j in full)
     row_shape = mid + (last,)
     ids = row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None]
-    ids = lax.broadcast_in_dim(ids, bshape + (n, 1), tuple(range(nbatch + 2)),
-                               out_sharding=None if sharding is None else P(*c[:nbatch + 1], None))
+    ids = lax.broadcast_in_dim(
+        ids, bshape + (n, 1), tuple(range(nbatch + 2)),
+        out_sharding=None if sharding is None else named(*c[:nbatch + 1], None))
     # Rows keep their own shape (no merged middle dim): a reshape XLA cannot make a bitcast
     # would copy the whole cotangent first.
     upd = ct[..., :last].astype(acc) if ct.shape[-1] != last else ct.astype(acc)
     k = len(full)
-    zspec = None if sharding is None else P(*[o[j] for j in full], None, *o[nbatch + dim + 1:])
+    zspec = None if sharding is None else named(*[o[j] for j in full], None, *o[nbatch + dim + 1:])
     zeros = lax.broadcast_in_dim(jnp.zeros((), acc), keep + (rows,) + row_shape, (),
                                  out_sharding=zspec)
     dnums = lax.ScatterDimensionNumbers(
@@ -93,8 +96,7 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     add = lambda z, i, u: lax.scatter_add(  # noqa: E731
         z, i, u, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
     if sharding is not None:  # jax cannot infer every scatter's result sharding
-        add = jax.sharding.auto_axes(add, out_sharding=jax.sharding.NamedSharding(
-            sharding.mesh, zspec))
+        add = jax.sharding.auto_axes(add, out_sharding=zspec)
     out = add(zeros, ids, upd)
     out = out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
     return out

@@ -7,15 +7,18 @@ its backends start, so the rest of the suite keeps one device).
                                                    # OUTDIR/results.json
     python tests/sharding_checks.py load OUTDIR    # N=4, a fresh process: deserialize, call
     python tests/sharding_checks.py matrix OUTDIR  # any N: the matrix only; OUTDIR/matrix.json
+    python tests/sharding_checks.py matrix OUTDIR nox64  # the same with jax_enable_x64 off
 
 Each check records {ok, error, collectives, targets, spec} under its name. "collectives"
 and "targets" come from the compiled HLO (jit(f).lower(...).compile().as_text()).
 
-The matrix runs every check under "native", "lax" and "auto", on an auto-axes mesh
-(``Mesh(...)``) and an explicit-axes one (``jax.make_mesh``, under ``jax.set_mesh``):
-batch-, row- and index-sharded operands; forward, grad and vmap. Each compares with numpy
-bit for bit; where a check says so, its compiled program holds no collective, or none
-that the same program written with jnp does not hold too.
+The matrix runs every check under "native", "lax" and "auto", on three kinds of mesh
+(KINDS): an auto-axes mesh (``Mesh(...)``), an explicit-axes one under ``jax.set_mesh``,
+and ``jax.make_mesh``'s default (explicit) axes with no mesh set, as a user who only places
+arrays has them: batch-, row- and index-sharded operands, evenly and unevenly (lengths the
+mesh does not divide); forward, grad and vmap. Each compares with numpy bit for bit; where
+a check says so, its compiled program holds no collective, or none that the same program
+written with jnp does not hold too.
 """
 import contextlib
 import json
@@ -29,7 +32,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-jax.config.update("jax_enable_x64", True)  # gather's offsets and counts are int64
+# gather's offsets and counts are int64 with x64 on; "nox64" runs the matrix without it.
+X64 = "nox64" not in sys.argv[3:]
+jax.config.update("jax_enable_x64", X64)
 
 import jax_ext  # noqa: E402  (registers the FFI targets)
 import ml_dtypes  # noqa: E402
@@ -300,15 +305,24 @@ def global_array(a, sharding):
     return jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx])
 
 
+# The matrix's kinds of mesh: {kind: (mesh, set it with jax.set_mesh?)}. "explicit_noset"
+# is jax.make_mesh's default, explicit axes, with no mesh set: arrays placed on it carry
+# their mesh in their types, and jax_ext must find it there (as jnp does).
+KINDS = {"auto": (MESHES["auto"], False), "explicit": (MESHES["explicit"], True),
+         "explicit_noset": (jax.make_mesh((NDEV,), ("x",)), False)}
+assert all(t == AxisType.Explicit for t in KINDS["explicit_noset"][0].axis_types)
+
+
 def mesh_scope(kind):
-    return jax.set_mesh(MESHES[kind]) if kind == "explicit" else contextlib.nullcontext()
+    mesh, scoped = KINDS[kind]
+    return jax.set_mesh(mesh) if scoped else contextlib.nullcontext()
 
 
 def matrix_case(kind, impl, f, arg_specs, want, *, twin=None, local=False, comm=None):
     """f under impl on the mesh `kind`: bits equal to `want` (an array or a tuple);
     local: no collective; twin (the jnp program): the same bits where it is exact, and no
     collective the twin does not hold, or, with `comm`, none outside that set."""
-    mesh = MESHES[kind]
+    mesh = KINDS[kind][0]
     with mesh_scope(kind):
         args = [global_array(a, NamedSharding(mesh, s)) for a, s in arg_specs]
         with jax_ext.implementation(impl), _explain.recording() as decisions:
@@ -413,11 +427,11 @@ MATRIX = {  # name: (kind, impl) -> record
         kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
         [(i_t, P("x", None)), (g_idx, P())], grad_rows_want(),
         # Explicit axes: jnp.take asks for an out_sharding here; jax_ext.gather takes it.
-        twin=None if kind == "explicit" else jax.grad(take_loss)),
+        twin=None if kind != "auto" else jax.grad(take_loss)),
     "grad_gather_index_sharded": lambda kind, impl: matrix_case(
         kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
         [(i_t, P()), (g_idx, P("x"))], grad_rows_want(),
-        twin=None if kind == "explicit" else jax.grad(take_loss),  # as above
+        twin=None if kind != "auto" else jax.grad(take_loss),  # as above
         # The rows must meet: jnp all-reduces partial sums, the kernel all-gathers the
         # cotangent rows (and adds them in index order: deterministic).
         comm={"all-gather", "all-reduce"}),
@@ -431,9 +445,95 @@ MATRIX = {  # name: (kind, impl) -> record
 }
 
 
+# --- uneven shards: lengths the mesh does not divide ------------------------------------
+# NDEV + 1 (9 rows over 8 devices, 5 over 4): XLA pads the last shard. An index sharded
+# so, carried as int64, made XLA's SPMD partitioner abort the process on the gradient's
+# scatter. jax refuses such arrays under explicit axes (a sharded type must divide its
+# dim), so these programs spread their operands themselves: with_sharding_constraint on
+# auto axes, and inside jax.sharding.auto_axes on the explicit kinds, as a user of
+# explicit axes would. The operands arrive replicated.
+U = NDEV + 1
+IDX = np.int64 if X64 else np.int32  # the index dtype a user has: int64 under x64
+u_idx = np.resize(np.array([3, -1, 3, 63, 64, 0, 17, 3, 40], IDX), U)  # pads, duplicates
+u_src = specials((U, 6), np.float32)             # U rows, padded to 8 columns
+u_rows_idx = np.array([0, U - 1, -2, U, 1, 1, U - 2, 3, 2, 0, 5, U + 3], np.int32)  # pads
+u_t = rng.integers(-3, 4, (U, 8)).astype(np.float32)  # small ints: exact sums
+u_bsrc = specials((U, 24, 8), np.float32)
+u_bt = rng.integers(-3, 4, (U, 24, 8)).astype(np.float32)
+u_bidx = rng.integers(-1, 26, (U, 5)).astype(IDX)  # -1, 24 and 25: pad rows
+u_c = rng.random((U, 1)) > 0.5
+u_x = specials((U, KB), np.float32)
+u_y = specials((1, KB), np.float32)
+
+
+def uneven(kind, body, specs):
+    """`body` with each operand constrained to its spec in `specs` inside the program."""
+    mesh = KINDS[kind][0]
+    if kind == "auto":
+        return lambda *a: body(*[jax.lax.with_sharding_constraint(x, NamedSharding(mesh, s))
+                                 for x, s in zip(a, specs)])
+    # Inside auto_axes the mesh in context has auto axes, which a bare spec names.
+    return jax.sharding.auto_axes(
+        lambda *a: body(*[jax.lax.with_sharding_constraint(x, s) for x, s in zip(a, specs)]),
+        out_sharding=NamedSharding(mesh, P()))
+
+
+def uneven_case(kind, impl, body, args, specs, want):
+    return matrix_case(kind, impl, uneven(kind, body, specs), [(a, P()) for a in args], want)
+
+
+def add_rows_want(t, idx, scale):
+    """The gradient of sum(gather(t, [0], 0, idx) * scale): scale added at every valid row."""
+    want = np.zeros_like(t)
+    ok = (idx >= 0) & (idx < t.shape[0])
+    np.add.at(want, idx[ok], scale)
+    return want
+
+
+def grad_vmap_uneven_want():
+    want = np.zeros_like(u_bt)
+    for b in range(U):
+        ok = (u_bidx[b] >= 0) & (u_bidx[b] < u_bt.shape[1])
+        np.add.at(want[b], u_bidx[b][ok], 2 * u_bt[b][u_bidx[b][ok]])
+    return want
+
+
+def np_vgather(src, idx):
+    return np.stack([np_gather(src[b], [0], idx[b], idx.shape[1], 0.0, 0, src.shape[-1])
+                     for b in range(src.shape[0])])
+
+
+MATRIX.update({
+    "gather_index_uneven": lambda kind, impl: uneven_case(
+        kind, impl, lambda s, i, n: jax_ext.gather(s, [1], 0, i, num_indices=n, pad_value=-0.0),
+        [g_src, u_idx, np.int64(U - 2)], [P(), P("x"), P()],
+        np_gather(g_src, [1], u_idx, U - 2, np.float32(-0.0), 0, 8)),
+    "grad_gather_index_uneven": lambda kind, impl: uneven_case(  # the issue's repro
+        kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
+        [i_t, u_idx], [P(), P("x")], add_rows_want(i_t, u_idx, 2.0)),
+    "gather_rows_uneven": lambda kind, impl: uneven_case(  # -0.0 and sNaN rows
+        kind, impl, lambda s, i: jax_ext.gather(s, [0], 0, i), [u_src, u_rows_idx],
+        [P("x", None), P()], np_gather(u_src, [0], u_rows_idx, len(u_rows_idx), 0.0, 0, 8)),
+    "grad_gather_rows_uneven": lambda kind, impl: uneven_case(
+        kind, impl, jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) * 2.0)),
+        [u_t, u_rows_idx], [P("x", None), P()], add_rows_want(u_t, u_rows_idx, 2.0)),
+    "vmap_gather_batch_uneven": lambda kind, impl: uneven_case(
+        kind, impl, vgather, [u_bsrc, u_bidx], [P("x", None, None), P("x", None)],
+        np_vgather(u_bsrc, u_bidx)),
+    "grad_vmap_gather_batch_uneven": lambda kind, impl: uneven_case(
+        kind, impl, jax.grad(lambda s, i: jnp.sum(vgather(s, i) ** 2)), [u_bt, u_bidx],
+        [P("x", None, None), P("x", None)], grad_vmap_uneven_want()),
+    # float32: XLA:CPU pads an unevenly spread bfloat16 operand, and all-gathers such a
+    # result, through float32, which quiets NaNs (select_batch_sharded covers bfloat16).
+    "select_batch_uneven": lambda kind, impl: uneven_case(
+        kind, impl, jax_ext.where, [u_c, u_x, u_y], [P("x", None), P("x", None), P()],
+        np_where(u_c, u_x, u_y)),
+})
+
+
 def run_matrix():
     for name, fn in MATRIX.items():
-        for kind in MESHES:
+        for kind in KINDS:
             for impl in IMPLS:
                 check(f"{name}[{impl},{kind}]")(lambda: fn(kind, impl))
 

@@ -191,6 +191,58 @@ def test_lax_vmap_keeps_batching_dims():
     assert "operand_batching_dims" not in text and "stablehlo.gather" in text
 
 
+# The index operand of every XLA gather and scatter in a lowered program.
+_INDEX_TYPE = re.compile(r'"stablehlo\.(gather|scatter)".*?(?:\)|\}>)\s*:\s*\(tensor<[^>]*>,'
+                         r'\s*tensor<([^>]*)>', re.S)
+
+
+def _index_types(f, *args):
+    return [m.group(2).rsplit("x", 1)[-1]
+            for m in _INDEX_TYPE.finditer(jax.jit(f).lower(*args).as_text())]
+
+
+@pytest.mark.parametrize("impl", ["native", "lax", "auto"])
+def test_row_ids_reach_xla_as_int32(impl):
+    """With x64 on (as in this suite), the row ids XLA gathers and scatters by are int32
+    whenever the flat row count fits, as jnp's indices are: XLA's SPMD partitioner aborts
+    the process on a scatter whose int64 indices are sharded unevenly. (The native path
+    hands XLA no gather or scatter: nothing to check there but that.)"""
+    assert jax.config.jax_enable_x64
+    src = np.ones((5, 7, 6), np.float32)
+    idx = np.array([1, 3, 9, -2], np.int64)
+    bidx = np.zeros((5, 3), np.uint64)
+
+    def loss(s, i):
+        return jnp.sum(jax_ext.gather(s, [2, 1], 1, i, pad_value=1.0) ** 2)
+
+    def vloss(s, i):
+        return jnp.sum(jax.vmap(lambda s, i: jax_ext.gather(s, [0], 0, i))(s, i) ** 2)
+
+    def jvp(s, i):  # a gather of the tangent too
+        return jax.jvp(lambda s: jax_ext.gather(s, [0], 0, i), (s,), (s,))
+    found = []
+    with jax_ext.implementation(impl):
+        for f, a in ((lambda s, i: jax_ext.gather(s, [2, 1], 1, i), (src, idx)),
+                     (jax.grad(loss), (src, idx)), (jax.grad(vloss), (src, bidx)),
+                     (jvp, (src, idx))):
+            found += _index_types(f, *a)
+    assert set(found) <= {"i32"}, found
+    assert found or impl != "lax"
+
+
+def test_row_ids_stay_wide_when_the_row_count_does_not_fit():
+    """2**31 rows: the ids keep the offsets' 64-bit carrier (exact), as jnp's would."""
+    big = jax.ShapeDtypeStruct((2 ** 16, 2 ** 15, 1), np.float32)
+    fits = jax.ShapeDtypeStruct((2 ** 16, 2 ** 15 - 1, 1), np.float32)
+    idx = jax.ShapeDtypeStruct((4,), np.int32)
+
+    def loss(s, i):
+        return jnp.sum(jax_ext.gather(s, [1, 0], 1, i, align_bytes=None))
+    with jax_ext.implementation("lax"):
+        assert set(_index_types(jax.grad(loss), big, idx)) == {"i64"}
+        assert set(_index_types(jax.grad(loss), fits, idx)) == {"i32"}
+
+
 def test_lax_vmap_gather_and_grad_match_jnp():
     rng = np.random.default_rng(8)
     src = rng.standard_normal((3, 10, 4)).astype(np.float32)

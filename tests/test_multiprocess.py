@@ -1,8 +1,10 @@
 """Two processes, one mesh: jax.distributed on 127.0.0.1 with 2 processes x 2 host
 devices and gloo CPU collectives. Each process runs the sharding matrix
-(sharding_checks.MATRIX: select and gather, forward, grad and vmap, under "native", "lax"
-and "auto", auto and explicit mesh axes) over the 4 global devices, compares its own shards
-with numpy bit for bit and the compiled HLO's collectives with the jnp program's."""
+(sharding_checks.MATRIX: select and gather, forward, grad and vmap, evenly and unevenly
+sharded, under "native", "lax" and "auto", on auto mesh axes, explicit ones under
+jax.set_mesh and jax.make_mesh's default axes with no mesh set) over the 4 global devices,
+compares its own shards with numpy bit for bit and the compiled HLO's collectives with the
+jnp program's."""
 import json
 import os
 import socket
@@ -12,7 +14,7 @@ import sys
 import pytest
 
 from helpers import IMPLS
-from test_sharding import MATRIX
+from test_sharding import KINDS, MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 420  # both processes together; they are killed past it
@@ -59,7 +61,7 @@ def results(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("check", MATRIX)
 def test_two_processes(results, check, impl, kind):

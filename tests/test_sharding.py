@@ -1,13 +1,15 @@
 """Sharded select and gather on forced host devices: partitioned without communication,
 shard_map bodies, grad, donation per shard, GSPMD fallback, jax.export round trips, and
-the matrix: every check under "native", "lax" and "auto", on auto and explicit mesh axes,
-on 4 and 8 devices.
+the matrix: every check under "native", "lax" and "auto", on auto mesh axes, explicit
+ones under jax.set_mesh, and jax.make_mesh's default (explicit) axes with no mesh set,
+evenly and unevenly sharded, on 4 and 8 devices, with jax_enable_x64 on and off.
 
 The checks run in child processes (tests/sharding_checks.py) started with
 XLA_FLAGS=--xla_force_host_platform_device_count=N, because jax fixes the device count
-when its backends start and the rest of the suite runs on one device. One 4-device child
-runs every check, a second, fresh one deserializes the exports (as a user's would), an
-8-device child runs the matrix again."""
+when its backends start and the rest of the suite runs on one device (and because a
+program XLA cannot partition may abort its process, which must fail a test, not end the
+run). One 4-device child runs every check, a second, fresh one deserializes the exports
+(as a user's would), further children run the matrix on 8 devices and without x64."""
 import json
 import os
 import subprocess
@@ -44,18 +46,23 @@ MATRIX = [
     "gather_index_sharded", "gather_rows_sharded_exact", "vmap_gather_batch_sharded",
     "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_gather_index_sharded",
     "grad_select_batch_sharded",
+    # uneven shards: lengths the mesh does not divide
+    "gather_index_uneven", "grad_gather_index_uneven", "gather_rows_uneven",
+    "grad_gather_rows_uneven", "vmap_gather_batch_uneven", "grad_vmap_gather_batch_uneven",
+    "select_batch_uneven",
 ]
+KINDS = ["auto", "explicit", "explicit_noset"]  # sharding_checks.KINDS
 
 
-def _child(mode, outdir, ndev=4):
+def _child(mode, outdir, ndev=4, x64=True):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                         f" --xla_force_host_platform_device_count={ndev}").strip()
     env.pop("JAX_EXT_IMPL", None)  # each check sets its implementation itself
     # Run from the tests dir: the installed jax_ext, not the source tree, is imported.
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_checks.py"), mode,
-                           str(outdir)], env=env, cwd=HERE, capture_output=True, text=True,
-                          timeout=600)
+                           str(outdir)] + ([] if x64 else ["nox64"]), env=env, cwd=HERE,
+                          capture_output=True, text=True, timeout=600)
     name = {"run": "results.json", "load": "load.json", "matrix": "matrix.json"}[mode]
     path = os.path.join(outdir, name)
     if proc.returncode != 0 or not os.path.exists(path):
@@ -80,6 +87,16 @@ def results(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results8(tmp_path_factory):
     return _child("matrix", tmp_path_factory.mktemp("sharding8"), ndev=8)
+
+
+@pytest.fixture(scope="module")
+def results4_nox64(tmp_path_factory):
+    return _child("matrix", tmp_path_factory.mktemp("sharding4n"), ndev=4, x64=False)
+
+
+@pytest.fixture(scope="module")
+def results8_nox64(tmp_path_factory):
+    return _child("matrix", tmp_path_factory.mktemp("sharding8n"), ndev=8, x64=False)
 
 
 def _get(results, name):
@@ -114,14 +131,47 @@ def test_other_checks(results, name):
     _get(results, name)
 
 
+@pytest.mark.parametrize("x64", ["x64", "nox64"])
 @pytest.mark.parametrize("ndev", [4, 8])
-@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("check", MATRIX)
-def test_matrix(request, check, impl, kind, ndev):
+def test_matrix(request, check, impl, kind, ndev, x64):
     """Exact on every implementation and mesh kind; no collective where the check says."""
-    res = request.getfixturevalue("results" if ndev == 4 else "results8")
-    _get(res, f"{check}[{impl},{kind}]")
+    fixture = {(4, "x64"): "results", (8, "x64"): "results8", (4, "nox64"): "results4_nox64",
+               (8, "nox64"): "results8_nox64"}[ndev, x64]
+    _get(request.getfixturevalue(fixture), f"{check}[{impl},{kind}]")
+
+
+# The issue's program, as a user wrote it: the gradient of a gather whose index is sharded
+# 9 rows over 8 devices. With x64 on, the lax scatter-add handed XLA int64 indices, and its
+# SPMD partitioner aborted the process. Run in a child, so an abort fails this test only.
+REPRO = """
+import sys
+import numpy as np, jax, jax_ext
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.config.update("jax_enable_x64", sys.argv[2] == "x64")
+sh = NamedSharding(Mesh(np.array(jax.devices()), ("x",)), P("x"))
+f = lambda s, i: jax_ext.gather(s, [0], 0, jax.lax.with_sharding_constraint(i, sh)).sum()
+with jax_ext.implementation(sys.argv[1]):
+    g = jax.jit(jax.grad(f))(np.ones((4, 8), np.float32), np.zeros(9, np.int32))
+want = np.zeros((4, 8), np.float32)
+want[0] = 9
+assert np.asarray(g).tobytes() == want.tobytes(), np.asarray(g)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("x64", ["x64", "nox64"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_uneven_index_gradient_does_not_abort(impl, x64):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=8").strip()
+    proc = subprocess.run([sys.executable, "-c", REPRO, impl, x64], env=env, cwd=HERE,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (
+        f"rc {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
 
 
 @pytest.mark.parametrize("name", ROUNDTRIP)

@@ -159,7 +159,7 @@ def figure(rows, meta):
         left = sum(widths[:c]) + widths[c] - PANEL_W_IN - COL_GAP_IN
         top = h - top_in
         for k, (name, height) in enumerate(col):
-            ax = fig.add_axes([left / w, (top - height) / h, PANEL_W_IN / w, height / h])
+            ax = fig.add_axes((left / w, (top - height) / h, PANEL_W_IN / w, height / h))
             top -= height + GAP_IN + XLABEL_IN * _xlabeled(col, k)
             if name == "throughput":
                 _throughput_panel(ax, rows)
