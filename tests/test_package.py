@@ -249,3 +249,53 @@ def test_public_signatures_are_annotated():
         "auto", "native", "lax")
     assert os.path.isfile(os.path.join(PKG, "py.typed"))
     assert os.path.isfile(os.path.join(PKG, "_jax_ext.pyi"))
+
+
+@pytest.mark.parametrize("version,env,warns", [
+    ("0.10.2", {}, False), ("0.12.0.1", {}, False), ("0.12.7", {}, False),
+    ("0.13.0", {}, True), ("1.0.0", {}, True), ("0.13.0.dev20270101", {}, True),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": "1"}, False),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": "0"}, True),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": ""}, True),
+])
+def test_version_warning_only_past_the_newest_tested_jax(version, env, warns):
+    from jax_ext import _compat
+    msg = _compat.version_warning(version, env)
+    assert (msg is not None) == warns, msg
+    if warns:
+        assert f"jax {version} is newer" in msg and "tested with jax up to 0.12.x" in msg
+        assert "set JAX_EXT_NO_VERSION_WARNING=1 to silence" in msg
+
+
+def test_version_warning_at_import_and_its_switch():
+    """A child whose jax says it is a release newer than the newest tested one warns once at
+    `import jax_ext`; JAX_EXT_NO_VERSION_WARNING=1 silences it."""
+    code = """
+        import json, warnings
+        import jax
+        jax.__version__ = "0.99.0"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import jax_ext
+        print(json.dumps([str(x.message) for x in w if x.category is RuntimeWarning]))
+    """
+    env = {k: v for k, v in os.environ.items() if k != "JAX_EXT_NO_VERSION_WARNING"}
+    import json
+    r = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], cwd="/",
+                       env=dict(_child_env(), **env), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (msg,) = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "jax 0.99.0 is newer" in msg and "JAX_EXT_NO_VERSION_WARNING=1" in msg
+    out, _ = _run(code, JAX_EXT_NO_VERSION_WARNING="1")
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def test_import_is_silent_on_this_jax():
+    """CI's jax (either end of the support window) is tested, so importing jax_ext and
+    running it warns about nothing, not even under -W error."""
+    e = {k: v for k, v in _child_env().items() if k != "JAX_EXT_NO_VERSION_WARNING"}
+    code = ("import jax_ext, numpy as np; "
+            "jax_ext.where(np.array([True]), np.ones(1), np.zeros(1)).block_until_ready()")
+    r = subprocess.run([sys.executable, "-P", "-W", "error", "-c", code], cwd="/", env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
