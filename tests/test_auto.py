@@ -445,3 +445,35 @@ def test_explain_takes_a_jitted_function_with_static_arguments(table):
         assert d.op == "select" and d.requested == "auto", d
     (d,) = jax_ext.explain(jf, jax.ShapeDtypeStruct((BIG,), np.float32), 3, mode="pos")
     assert d.op == "select"
+
+
+def test_the_jaxpr_walk_sees_the_equations_being_lowered(table, monkeypatch):
+    """auto's producer/consumer analysis reads the jaxprs jax is lowering from the frames
+    of jax's mlir.jaxpr_subcomp (_compat.enclosing_equations). On a jax that lowers some
+    other way the walk finds nothing and auto would quietly call every consumer unknown:
+    this test fails instead, on every jax CI runs."""
+    from jax_ext import _compat, _select
+    seen = []
+
+    def spy(*args, **kwargs):
+        out = _compat.enclosing_equations.__wrapped__(*args, **kwargs)
+        seen.append([(j, e, set(env)) for j, e, env in out])  # env grows as lowering goes on
+        return out
+    spy.__wrapped__ = _compat.enclosing_equations
+    monkeypatch.setattr(_compat, "enclosing_equations", spy)
+    x, y = np.ones((2, BIG), np.float32)
+    inner = jax.jit(lambda x, y: jax_ext.where(x > 0, x * 2, y))
+    jax.jit(lambda x, y: inner(x, y) + 1).lower(x, y)  # a nested jit: two levels
+    assert seen and all(seen), "the walk found no jaxpr being lowered on this jax"
+    for stack in seen:
+        assert len(stack) == 2, [e.primitive.name for _, e, _ in stack]
+        (j0, e0, env0), (j1, e1, _) = stack
+        assert e0.primitive is _select.select_p and any(e is e0 for e in j0.eqns)
+        assert all(v in env0 for v in e0.invars if not hasattr(v, "val"))  # operands lowered
+        assert any(e is e1 for e in j1.eqns) and e1.primitive.name in ("pjit", "jit")
+        assert e0.outvars[0] not in env0  # the select's own result: not lowered yet
+
+    (d,) = jax_ext.explain(lambda x, y: jax_ext.where(x > 0, x * 2, y), x, y)
+    assert "cond comes from compare" in d.reason and "x comes from mul" in d.reason, d
+    assert "y: argument" in d.reason and "result is a program output" in d.reason, d
+    assert "unknown" not in d.reason, d

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import jax_ext
@@ -249,3 +250,92 @@ def test_public_signatures_are_annotated():
         "auto", "native", "lax")
     assert os.path.isfile(os.path.join(PKG, "py.typed"))
     assert os.path.isfile(os.path.join(PKG, "_jax_ext.pyi"))
+
+
+def _ffi_api_version(include_dir):
+    """XLA_FFI_API_MAJOR.MINOR of the FFI headers under `include_dir`."""
+    import re
+    with open(os.path.join(include_dir, "xla", "ffi", "api", "c_api.h")) as f:
+        text = f.read()
+    return tuple(int(re.search(rf"^#define XLA_FFI_API_{part} (\d+)", text, re.M).group(1))
+                 for part in ("MAJOR", "MINOR"))
+
+
+def test_module_built_on_the_oldest_ffi_headers_registers_in_this_jaxlib():
+    """Every build is compiled against the XLA FFI headers of the oldest supported jaxlib
+    (pyproject.toml pins it as a build requirement): a handler built with newer headers can
+    be rejected by an older runtime, while a newer one accepts older handlers. CI runs this
+    suite at both ends of the support window, so one build loads and registers in the
+    oldest jaxlib and in the newest."""
+    import pathlib
+    import tomllib
+
+    import jax
+    import jaxlib
+    from jax_ext import _compat, _native
+    root = pathlib.Path(__file__).resolve().parent.parent
+    requires = tomllib.loads((root / "pyproject.toml").read_text())["build-system"]["requires"]
+    (pin,) = [r.split("==")[1] for r in requires if r.startswith("jaxlib==")]
+    assert pin == ".".join(map(str, _compat.MIN_JAX))  # the oldest supported release
+    assert jax_ext.native_available(), jax_ext.native_error()
+    info = _native._build_info()
+    assert info == {"JAXLIB_VERSION": pin, "FFI_API_VERSION": "0.3"}, info  # jaxlib 0.10.2's
+    running = _ffi_api_version(jax.ffi.include_dir())
+    assert running >= (0, 3), running
+    if _compat._version_tuple(jaxlib.__version__) > _compat.MIN_JAX:  # the newest end
+        assert running > (0, 3), (jaxlib.__version__, running)  # a newer FFI API took it
+    with jax_ext.implementation("native"):  # and its handlers run here
+        text = jax.jit(jax_ext.where).lower(np.array([True]), np.ones(1), np.zeros(1))
+        assert "jax_ext_select_v1" in text.as_text()
+        assert np.asarray(jax_ext.where(np.array([True, False]), np.ones(2), -0.0)).tolist() \
+            == [1.0, -0.0]
+
+
+@pytest.mark.parametrize("version,env,warns", [
+    ("0.10.2", {}, False), ("0.12.0.1", {}, False), ("0.12.7", {}, False),
+    ("0.13.0", {}, True), ("1.0.0", {}, True), ("0.13.0.dev20270101", {}, True),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": "1"}, False),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": "0"}, True),
+    ("0.13.0", {"JAX_EXT_NO_VERSION_WARNING": ""}, True),
+])
+def test_version_warning_only_past_the_newest_tested_jax(version, env, warns):
+    from jax_ext import _compat
+    msg = _compat.version_warning(version, env)
+    assert (msg is not None) == warns, msg
+    if warns:
+        assert f"jax {version} is newer" in msg and "tested with jax up to 0.12.x" in msg
+        assert "set JAX_EXT_NO_VERSION_WARNING=1 to silence" in msg
+
+
+def test_version_warning_at_import_and_its_switch():
+    """A child whose jax says it is a release newer than the newest tested one warns once at
+    `import jax_ext`; JAX_EXT_NO_VERSION_WARNING=1 silences it."""
+    code = """
+        import json, warnings
+        import jax
+        jax.__version__ = "0.99.0"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import jax_ext
+        print(json.dumps([str(x.message) for x in w if x.category is RuntimeWarning]))
+    """
+    env = {k: v for k, v in os.environ.items() if k != "JAX_EXT_NO_VERSION_WARNING"}
+    import json
+    r = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], cwd="/",
+                       env=dict(_child_env(), **env), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (msg,) = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "jax 0.99.0 is newer" in msg and "JAX_EXT_NO_VERSION_WARNING=1" in msg
+    out, _ = _run(code, JAX_EXT_NO_VERSION_WARNING="1")
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def test_import_is_silent_on_this_jax():
+    """CI's jax (either end of the support window) is tested, so importing jax_ext and
+    running it warns about nothing, not even under -W error."""
+    e = {k: v for k, v in _child_env().items() if k != "JAX_EXT_NO_VERSION_WARNING"}
+    code = ("import jax_ext, numpy as np; "
+            "jax_ext.where(np.array([True]), np.ones(1), np.zeros(1)).block_until_ready()")
+    r = subprocess.run([sys.executable, "-P", "-W", "error", "-c", code], cwd="/", env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
