@@ -27,8 +27,7 @@ from ._select import select, where, where3
 if TYPE_CHECKING:
     from jax.export import DisabledSafetyCheck
 
-# The one place the version is written: pyproject.toml reads it from here.
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["select", "where", "where3", "gather", "native_available", "native_error",
            "implementation", "explain", "Decision", "tune", "tuning", "TuningReport",

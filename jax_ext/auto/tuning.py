@@ -80,7 +80,7 @@ def machine_key() -> str:
     import jax
     import jaxlib
 
-    from .. import __version__
+    from .._version import __version__
     return (f"{_cpu_model()} x{_cores()}; jax {jax.__version__}; jaxlib "
             f"{getattr(jaxlib, '__version__', '?')}; jax_ext {__version__}")
 
