@@ -23,11 +23,10 @@ from .auto.tuning import Report as TuningReport, tune, tuning
 from ._names import TARGETS as _TARGETS
 from ._native import native_available, native_error
 from ._select import select, where, where3
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from jax.export import DisabledSafetyCheck
-
-from ._version import __version__
 
 __all__ = ["select", "where", "where3", "gather", "native_available", "native_error",
            "implementation", "explain", "Decision", "tune", "tuning", "TuningReport",
