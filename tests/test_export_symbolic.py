@@ -197,12 +197,15 @@ def test_v2_direct_calls_and_bad_maps():
     f = jax.ffi.ffi_call("jax_ext_select_v2", jax.ShapeDtypeStruct((3, 4), np.float32))
     got = f(c, x, y, cond_dims=_i64([0, 1]), x_dims=_i64([0, 1]), y_dims=_i64([1]))
     assert_bits_equal(got, np.where(c, x, y))
-    for bad in (dict(cond_dims=_i64([0]), x_dims=_i64([0, 1]), y_dims=_i64([1])),
-                dict(cond_dims=_i64([0, 1]), x_dims=_i64([1, 0]), y_dims=_i64([1])),
-                dict(cond_dims=_i64([0, 1]), x_dims=_i64([0, 1]), y_dims=_i64([0])),
-                dict(cond_dims=_i64([0, 5]), x_dims=_i64([0, 1]), y_dims=_i64([1])),
-                dict(cond_dims=_i64([0, 0]), x_dims=_i64([0, 1]), y_dims=_i64([1]))):
-        with pytest.raises(Exception, match="select \\(v2\\)"):
+    maps = lambda c, x, y: dict(cond_dims=_i64(c), x_dims=_i64(x), y_dims=_i64(y))  # noqa: E731
+    for bad, msg in ((maps([0], [0, 1], [1]), r"cond has rank 2 but its dim map \(0,\) names 1"),
+                     (maps([0, 1], [1, 0], [1]), r"x \(3, 4\) does not map onto the result "
+                                                 r"\(3, 4\) with dims \(1, 0\)"),
+                     (maps([0, 1], [0, 1], [0]), r"y \(4,\) does not map onto the result"),
+                     (maps([0, 5], [0, 1], [1]), r"cond dim map \(0, 5\) does not fit the result "
+                                                 r"rank 2"),
+                     (maps([0, 0], [0, 1], [1]), r"cond dim map \(0, 0\) does not fit")):
+        with pytest.raises(Exception, match="jax_ext select: " + msg):
             jax.block_until_ready(f(c, x, y, **bad))
     src, idx = _vals((5, 2, 3), 3), np.array([0, 4, 7, -1], np.int32)
     offs, num, pad = np.array([0], np.int64), np.int64(4), np.float32(0)

@@ -4,13 +4,11 @@
 // The kernels are compiled once per element width (the bytes they move) and, for short
 // unpadded rows, per row size; only RowPointers reads the index, by its dtype.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
-#include "common.h"
-#include "geometry_v2.h"
+#include "check.h"
+#include "dispatch.h"
 #include "memory.h"
 #include "parallel.h"
 #include "rows.h"
@@ -19,68 +17,25 @@
 namespace jax_ext {
 namespace {
 
+constexpr int64_t kRowBlock = 64;  // most rows resolved per block (Lookahead)
+
 inline void PrefetchBytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 
-// Runs fn(begin, end) over blocks of `block` units covering [0, n), handed out one at a
-// time from a shared counter: a thread the pool starts late (or never) leaves its blocks
-// to the others instead of making the caller wait for them.
-template <typename Fn>
-void DynamicFor(ffi::ThreadPool& pool, int64_t n, int64_t block, const Fn& fn) {
-  if (n <= 0) return;
-  block = std::max<int64_t>(1, block);
-  const int64_t blocks = (n + block - 1) / block;
-  const int64_t tasks =
-      std::clamp<int64_t>(blocks / 2, 1, std::max<int64_t>(1, pool.num_threads()));
-  if (tasks == 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  ParallelFor(pool, tasks, 1, [&](int64_t, int64_t) {
-    for (;;) {
-      const int64_t k = next.fetch_add(1, std::memory_order_relaxed);
-      if (k >= blocks) return;
-      fn(k * block, std::min(n, (k + 1) * block));
-    }
+// p[t] = where the source row of index element at + t starts (s: the batch element's src,
+// rows of row_bytes), nullptr for a padded row, for t < m. Pointers are made in the same
+// pass that reads the index: a second pass over the block costs more than it saves
+// (docs/performance.md).
+void RowPointers(const RowBase& rb, const void* index, ffi::DataType type, int64_t at, int64_t m,
+                 bool check, const char* s, int64_t row_bytes, const char** p) {
+  ForEachIndexRow(rb, index, type, at, m, check, [&](int64_t t, int64_t r) {
+    p[t] = r >= 0 ? s + (rb.base + r) * row_bytes : nullptr;
   });
 }
 
-template <typename I>
-inline void RowPointersAs(const RowBase& rb, const I* ix, int64_t m, bool check, const char* s,
-                          int64_t row_bytes, const char** p) {
-  for (int64_t t = 0; t < m; ++t) {
-    int64_t r;
-    p[t] = RowOf(rb, ix[t], check, &r) ? s + (rb.base + r) * row_bytes : nullptr;
-  }
-}
-
-// p[t] = where the source row of index element at + t starts (s: the batch element's src,
-// rows of row_bytes), nullptr for a padded row, for t < m: the only code typed by index
-// dtype. It yields the pointers the copy loop reads, in one pass: rows first, then
-// pointers in a second pass over the block, made the 32-byte-row gather about 20% slower.
-void RowPointers(const RowBase& rb, const void* index, ffi::DataType type, int64_t at, int64_t m,
-                 bool check, const char* s, int64_t row_bytes, const char** p) {
-  switch (type) {
-#define JAX_EXT_CASE(DT, I) \
-  case ffi::DataType::DT:   \
-    return RowPointersAs(rb, static_cast<const I*>(index) + at, m, check, s, row_bytes, p);
-    JAX_EXT_CASE(S8, int8_t)
-    JAX_EXT_CASE(S16, int16_t)
-    JAX_EXT_CASE(S32, int32_t)
-    JAX_EXT_CASE(S64, int64_t)
-    JAX_EXT_CASE(U8, uint8_t)
-    JAX_EXT_CASE(U16, uint16_t)
-    JAX_EXT_CASE(U32, uint32_t)
-    JAX_EXT_CASE(U64, uint64_t)
-#undef JAX_EXT_CASE
-    default: std::fill_n(p, m, nullptr);  // refused by CheckIndexOperands
-  }
-}
-
-// A validated gather call, typed by element width T; the index is read by RowPointers.
+// A checked gather call, typed by element width T; the index is read by RowPointers.
 template <typename T>
 struct GatherCall {
   const RowLayout& g;
@@ -93,185 +48,218 @@ struct GatherCall {
   const T* pad;
   T* out;
   bool check_bounds;
-  int64_t row_out;      // elements of one result row
-  int64_t total_rows;   // result rows, over the whole batch
-  bool stream = false;  // write out with streaming stores (PrepareResult)
+  bool stream;  // write `out` with streaming stores (PrepareResult)
 };
+
+// How one result row is written, with the sizes held in registers: a fixed-size copy of RB
+// bytes (RB > 0: short unpadded rows), a copy of the row, or sub-rows followed by pad.
+template <int64_t RB, typename T>
+struct RowWriter {
+  int64_t row_out;    // elements of one result row
+  int64_t row_bytes;  // bytes of one source row
+  int64_t inner, last, row_len;
+  bool stream;
+
+  void Write(T* orow, const T* srow, T pv) const {
+    if (!srow) {
+      std::fill_n(orow, row_out, pv);
+    } else if constexpr (RB > 0) {
+      if (stream)
+        StreamBytes(orow, srow, RB);
+      else if constexpr (RB > 256)
+        CopyFixed<RB>(orow, srow);
+      else
+        std::memcpy(orow, srow, RB);
+    } else if (row_len == last) {
+      if (stream)
+        StreamBytes(orow, srow, row_bytes);
+      else
+        std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
+    } else {
+      for (int64_t j = 0; j < inner; ++j) {
+        std::memcpy(orow + j * row_len, srow + j * last, static_cast<size_t>(last) * sizeof(T));
+        std::fill_n(orow + j * row_len + last, row_len - last, pv);
+      }
+    }
+  }
+};
+
+// One batch element's share of the work: its src, where its index starts, where its rows
+// start (RowBase), how many of its rows are real, and its pad value.
+template <typename T>
+struct BatchRows {
+  const T* src;
+  int64_t index_at;
+  RowBase rb;
+  int64_t real;  // rows before num_indices; 0 when its offsets are out of range
+  T pad;
+};
+
+template <typename T>
+BatchRows<T> RowsOfBatch(const GatherCall<T>& c, int64_t b) {
+  const RowLayout& g = c.g;
+  const RowBase rb = BaseOf(g, c.offsets, BatchOffset(g, c.st.offsets, b), c.check_bounds);
+  const int64_t k = rb.ok ? std::clamp<int64_t>(c.num[BatchOffset(g, c.st.num, b)], 0, g.n) : 0;
+  return {c.src + BatchOffset(g, c.st.data, b), BatchOffset(g, c.st.index, b), rb, k,
+          c.pad[BatchOffset(g, c.st.pad, b)]};
+}
+
+// Source rows are resolved a block ahead of their copy, and their lines prefetched then:
+// about 4 KiB in flight. A source that fits in L2 is not prefetched (the instructions cost
+// more than they hide). Resolving a whole block in a tight loop, not one row per copied
+// row, keeps the per-row work a few instructions: at 32-byte rows that work, not memory,
+// bounds the copy.
+template <typename T>
+struct Lookahead {
+  int64_t block;     // rows per block, at most kRowBlock
+  int64_t prefetch;  // bytes to prefetch per row, 0: none
+
+  Lookahead(const GatherCall<T>& c, int64_t row_bytes, int64_t rb_bytes)
+      : block(std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 4, kRowBlock)),
+        prefetch(c.g.src_size * int64_t(sizeof(T)) > (int64_t{1} << 20) ? rb_bytes : 0) {}
+
+  void Resolve(const GatherCall<T>& c, const BatchRows<T>& br, int64_t j, int64_t m,
+               int64_t row_bytes, const char** p) const {
+    RowPointers(br.rb, c.index, c.index_type, br.index_at + j, m, c.check_bounds,
+                reinterpret_cast<const char*>(br.src), row_bytes, p);
+    if (prefetch == 0) return;
+    for (int64_t t = 0; t < m; ++t)
+      if (p[t]) PrefetchBytes(p[t], prefetch);
+  }
+};
+
+// Writes rows [i, i_real) of one batch element from `orow` on; returns where they end.
+template <int64_t RB, typename T>
+T* CopyRealRows(const GatherCall<T>& c, const RowWriter<RB, T>& w, const Lookahead<T>& ahead,
+                const BatchRows<T>& br, int64_t i, int64_t i_real, T* orow) {
+  const int64_t blk = ahead.block;
+  const char* ptrs[2][kRowBlock];  // a block's source rows, nullptr: pad
+  if (i < i_real) ahead.Resolve(c, br, i, std::min(blk, i_real - i), w.row_bytes, ptrs[0]);
+  for (int64_t j = i, h = 0; j < i_real; j += blk, h ^= 1) {
+    if (j + blk < i_real)
+      ahead.Resolve(c, br, j + blk, std::min(blk, i_real - j - blk), w.row_bytes, ptrs[h ^ 1]);
+    const int64_t m = std::min(blk, i_real - j);
+    for (int64_t t = 0; t < m; ++t, orow += w.row_out)
+      w.Write(orow, reinterpret_cast<const T*>(ptrs[h][t]), br.pad);
+  }
+  return orow;
+}
 
 // The row loop. RB > 0: rows are unpadded and RB bytes long, so the copy is a few inline
 // vector moves; RB == 0: any row.
 template <int64_t RB, typename T>
-void GatherRows(ffi::ThreadPool& pool, const GatherCall<T>& call) {
-  const RowLayout& g = call.g;
-  const OperandStrides& st = call.st;
-  const T* sp = call.src;
-  const IntOperand op_ = call.offsets;
-  const IntOperand np_ = call.num;
-  const T* pp = call.pad;
-  T* o = call.out;
-  const bool check_bounds = call.check_bounds;
-  const int64_t row_out = call.row_out;
-  const int64_t inner = g.inner, last = g.last, L = g.row_len, nn = g.n;
-  const int64_t row_src = inner * last;
-  const size_t last_bytes = static_cast<size_t>(last) * sizeof(T);
+void GatherRows(ffi::ThreadPool& pool, const GatherCall<T>& c) {
+  const RowLayout& g = c.g;
+  const int64_t row_bytes = g.inner * g.last * int64_t(sizeof(T));
+  const RowWriter<RB, T> w{g.row_elems, row_bytes, g.inner, g.last, g.row_len, c.stream};
+  const Lookahead<T> ahead(c, row_bytes, RB > 0 ? RB : row_bytes);
   const int64_t min_chunk = std::max<int64_t>(
-      1, kGatherMinChunkBytes / std::max<int64_t>(1, row_out * int64_t(sizeof(T))));
-  const int64_t row_bytes = row_src * int64_t(sizeof(T));
-  // Source rows are resolved a block ahead of their copy, and their lines prefetched
-  // then: about 4 KiB in flight. A source that fits in L2 is not prefetched (the
-  // instructions cost more than they hide). Resolving a whole block in a tight loop, not
-  // one row per copied row, keeps the per-row work a few instructions: at 32-byte rows
-  // that work, not memory, bounds the copy.
-  const int64_t blk = std::clamp<int64_t>(4096 / std::max<int64_t>(1, row_bytes), 4, kRowBlock);
-  const bool prefetch = g.src_size * int64_t(sizeof(T)) > (int64_t{1} << 20);
-  // call.stream (GatherImpl): streaming stores only for results well past the last-level
-  // cache, from 64 MiB: at 32 MiB (random 512-byte rows, 2 threads, the cores shared)
-  // regular stores were as fast or faster, and they leave the result's tail in cache for
-  // whatever reads it next. Never into a buffer just mapped (see PrepareResult).
-  const bool stream = call.stream;
-  DynamicFor(pool, call.total_rows, min_chunk, [&](int64_t begin, int64_t end) {
-    const char* ptrs[2][kRowBlock];  // a block's source rows, nullptr: pad
-    int64_t u = begin, b = begin / nn, i = begin - b * nn;
-    while (u < end) {
-      const T* s = sp + BatchOffset(g, st.data, b);
-      const int64_t ix = BatchOffset(g, st.index, b);
-      const RowBase rb = BaseOf(g, op_, BatchOffset(g, st.offsets, b), check_bounds);
-      const int64_t k = rb.ok ? std::clamp<int64_t>(np_[BatchOffset(g, st.num, b)], 0, nn) : 0;
-      const T pv = pp[BatchOffset(g, st.pad, b)];
-      const int64_t i_end = std::min(nn, i + (end - u));  // rows of b in this block
-      const int64_t i_real = std::max(i, std::min(k, i_end));
-      T* orow = o + u * row_out;
-      auto resolve = [&](int64_t j, const char** p) {
-        const int64_t m = std::min(blk, i_real - j);
-        RowPointers(rb, call.index, call.index_type, ix + j, m, check_bounds,
-                    reinterpret_cast<const char*>(s), row_bytes, p);
-        if (prefetch)
-          for (int64_t t = 0; t < m; ++t)
-            if (p[t]) PrefetchBytes(p[t], RB > 0 ? RB : row_bytes);
-      };
-      if (i < i_real) resolve(i, ptrs[0]);
-      for (int64_t j = i, h = 0; j < i_real; j += blk, h ^= 1) {
-        if (j + blk < i_real) resolve(j + blk, ptrs[h ^ 1]);
-        const int64_t m = std::min(blk, i_real - j);
-        for (int64_t t = 0; t < m; ++t, orow += row_out) {
-          const T* srow = reinterpret_cast<const T*>(ptrs[h][t]);
-          if (!srow) {
-            std::fill_n(orow, row_out, pv);
-          } else if constexpr (RB > 0) {
-            if (stream)
-              StreamBytes(orow, srow, RB);
-            else if constexpr (RB > 256)
-              CopyFixed<RB>(orow, srow);
-            else
-              std::memcpy(orow, srow, RB);
-          } else if (L == last) {
-            if (stream)
-              StreamBytes(orow, srow, row_bytes);
-            else
-              std::memcpy(orow, srow, static_cast<size_t>(row_bytes));
-          } else {
-            for (int64_t j2 = 0; j2 < inner; ++j2) {
-              std::memcpy(orow + j2 * L, srow + j2 * last, last_bytes);
-              std::fill_n(orow + j2 * L + last, L - last, pv);
-            }
-          }
-        }
-      }
-      std::fill_n(orow, (i_end - i_real) * row_out, pv);  // rows past num_indices
+      1, kGatherMinChunkBytes / std::max<int64_t>(1, g.row_elems * int64_t(sizeof(T))));
+  DynamicFor(pool, g.total_rows, min_chunk, [&](int64_t begin, int64_t end) {
+    int64_t u = begin, b = begin / g.n, i = begin - b * g.n;
+    while (u < end) {  // one batch element's rows in [u, end) per step
+      const BatchRows<T> br = RowsOfBatch(c, b);
+      const int64_t i_end = std::min(g.n, i + (end - u));
+      const int64_t i_real = std::max(i, std::min(br.real, i_end));
+      T* orow = CopyRealRows(c, w, ahead, br, i, i_real, c.out + u * g.row_elems);
+      std::fill_n(orow, (i_end - i_real) * g.row_elems, br.pad);  // rows past num_indices
       u += i_end - i;
       ++b;
       i = 0;
     }
-    if (stream) StreamFence();
+    if (c.stream) StreamFence();
   });
 }
 
 // Picks the row loop: specialized on the row size in bytes when the rows are short and
 // unpadded, generic otherwise.
 template <typename T>
-void GatherKernel(ffi::ThreadPool& pool, const GatherCall<T>& call) {
-  const int64_t row_bytes = call.g.inner * call.g.last * int64_t(sizeof(T));
-  if (call.g.row_len == call.g.last) {
+void GatherKernel(ffi::ThreadPool& pool, const GatherCall<T>& c) {
+  const int64_t row_bytes = c.g.inner * c.g.last * int64_t(sizeof(T));
+  if (c.g.row_len == c.g.last) {
     switch (row_bytes) {
-      case 32: return GatherRows<32>(pool, call);
-      case 64: return GatherRows<64>(pool, call);
-      case 128: return GatherRows<128>(pool, call);
-      case 256: return GatherRows<256>(pool, call);
-      case 512: return GatherRows<512>(pool, call);
+      case 32: return GatherRows<32>(pool, c);
+      case 64: return GatherRows<64>(pool, c);
+      case 128: return GatherRows<128>(pool, c);
+      case 256: return GatherRows<256>(pool, c);
+      case 512: return GatherRows<512>(pool, c);
       default: break;
     }
   }
-  GatherRows<0>(pool, call);
+  GatherRows<0>(pool, c);
 }
 
-ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
-                      ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
-                      ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> src_shape,
-                      int64_t dim, int64_t row_len, int64_t n, bool check_bounds,
-                      ffi::Span<const int64_t> batch_shape, ffi::Span<const int64_t> src_bstrides,
-                      ffi::Span<const int64_t> offsets_bstrides,
-                      ffi::Span<const int64_t> index_bstrides,
-                      ffi::Span<const int64_t> num_bstrides,
-                      ffi::Span<const int64_t> pad_bstrides) {
-  // Check the geometry: the attributes, then every operand against its buffer.
-  const char* op = "gather";
-  RowLayout g;
-  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
+// What both targets run once the layout is known: dtype checks, then the kernel.
+ffi::Error GatherRun(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
+                     ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
+                     ffi::Result<ffi::AnyBuffer> out, const RowLayout& g, const OperandStrides& st,
+                     bool check_bounds) {
   const ffi::DataType dt = out->element_type();
-  if (src.element_type() != dt || pad.element_type() != dt)
-    return ffi::Error::InvalidArgument(Msg(op, "src, pad_value and the result differ in dtype"));
-  if (IsSubByte(dt))
-    return ffi::Error::InvalidArgument(Msg(op, "sub-byte dtypes are not supported"));
-  OperandStrides st;
-  JAX_EXT_RETURN_IF_ERROR(
-      CheckOperand(op, "src", g, src_bstrides, g.src_size, src.element_count(), st.data));
-  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
-                                             index_bstrides, num_bstrides, st));
-  JAX_EXT_RETURN_IF_ERROR(
-      CheckOperand(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), st.pad));
-  int64_t row_out, total_rows;
-  JAX_EXT_RETURN_IF_ERROR(
-      CheckPaddedRows(op, "result", g, out->element_count(), &row_out, &total_rows));
+  JAX_EXT_RETURN_IF_ERROR(CheckSameDtype("gather", "src, pad_value and the result", dt,
+                                         {src.element_type(), pad.element_type()}));
+  JAX_EXT_RETURN_IF_ERROR(CheckWholeBytes("gather", dt));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexDtypes("gather", offsets, index, num));
   if (out->element_count() == 0) return ffi::Error::Success();
-
-  // Run: typed by element width.
-  return DispatchWidth(ffi::ByteWidth(dt), [&](auto wtag) -> ffi::Error {
-    using T = decltype(wtag);
-    {
-      GatherCall<T> call{
-          g,
-          st,
-          static_cast<const T*>(src.untyped_data()),
-          IntOperand{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64},
-          index.untyped_data(),
-          index.element_type(),
-          IntOperand{num.untyped_data(), num.element_type() == ffi::DataType::S64},
-          static_cast<const T*>(pad.untyped_data()),
-          static_cast<T*>(out->untyped_data()),
-          check_bounds,
-          row_out,
-          total_rows};
-      call.stream = PrepareResult(call.out, out->size_bytes(), 4 * kStreamBytes);
-      GatherKernel(pool, call);
-      return ffi::Error::Success();
-    }
+  const bool stream = PrepareResult(out->untyped_data(), out->size_bytes(), kStreamCopyBytes);
+  return DispatchWidth("gather", ffi::ByteWidth(dt), [&](auto tag) -> ffi::Error {
+    using T = decltype(tag);
+    GatherKernel(
+        pool, GatherCall<T>{g, st, static_cast<const T*>(src.untyped_data()), IntOperand(offsets),
+                            index.untyped_data(), index.element_type(), IntOperand(num),
+                            static_cast<const T*>(pad.untyped_data()),
+                            static_cast<T*>(out->untyped_data()), check_bounds, stream});
+    return ffi::Error::Success();
   });
 }
 
-// v2: the same kernels; shapes, sizes and batch strides come from the buffers
-// (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
-ffi::Error GatherV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
-                        ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
-                        ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
-                        bool check_bounds) {
-  v2::GatherAttrs g;
-  std::vector<int64_t> st[5];
-  JAX_EXT_RETURN_IF_ERROR(v2::GatherFromBuffers(
-      src.dimensions(), offsets.dimensions(), index.dimensions(), num.dimensions(),
-      pad.dimensions(), out->dimensions(), nbatch, dim, g, st));
-  return GatherImpl(pool, src, offsets, index, num, pad, out, v2::Of(g.src_shape), dim, g.row_len,
-                    g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
-                    v2::Of(st[2]), v2::Of(st[3]), v2::Of(st[4]));
+// The handler: shapes from the buffers; the attributes carry only dim, nbatch and
+// check_bounds.
+ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
+                      ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
+                      ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
+                      bool check_bounds) {
+  const char* op = "gather";
+  const Dims sd = src.dimensions(), od = out->dimensions();
+  RowLayout g;
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(BatchFromBuffers(
+      op, nbatch,
+      {sd, offsets.dimensions(), index.dimensions(), num.dimensions(), pad.dimensions(), od}, g));
+  JAX_EXT_ASSIGN_OR_RETURN(const int64_t srank, RankPastBatch(op, "src", sd, nbatch, dim));
+  JAX_EXT_RETURN_IF_ERROR(BatchStridesOf(op, "src", sd, srank, "nbatch + rest", g, st.data));
+  int64_t n;
+  JAX_EXT_RETURN_IF_ERROR(
+      IndexStrides(op, offsets.dimensions(), index.dimensions(), num.dimensions(), dim, g, st, &n));
+  JAX_EXT_RETURN_IF_ERROR(
+      BatchStridesOf(op, "pad_value", pad.dimensions(), 0, "nbatch", g, st.pad));
+  JAX_EXT_ASSIGN_OR_RETURN(const int64_t row_len,
+                           PaddedRowLength(op, "result", od, "src", sd, dim, n, g));
+  JAX_EXT_RETURN_IF_ERROR(SetRows(op, g, sd.last(srank), dim, row_len, n));
+  JAX_EXT_RETURN_IF_ERROR(SetRowCounts(op, "the result", g));
+  return GatherRun(pool, src, offsets, index, num, pad, out, g, st, check_bounds);
+}
+
+// Programs exported by jax_ext 0.1.0: shapes and batch strides as attributes, each checked
+// against the buffers.
+ffi::Error GatherShapeAttrsImpl(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer offsets,
+                                ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::AnyBuffer pad,
+                                ffi::Result<ffi::AnyBuffer> out, Dims src_shape, int64_t dim,
+                                int64_t row_len, int64_t n, bool check_bounds, Dims batch_shape,
+                                Dims src_bstrides, Dims offsets_bstrides, Dims index_bstrides,
+                                Dims num_bstrides, Dims pad_bstrides) {
+  const char* op = "gather";
+  RowLayout g;
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(SetRows(op, g, src_shape, dim, row_len, n));
+  JAX_EXT_RETURN_IF_ERROR(BatchFromAttr(op, batch_shape, g));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckStrideAttr(op, "src", g, src_bstrides, g.src_size, src.element_count(), st.data));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexStrideAttrs(op, g, offsets, index, num, offsets_bstrides,
+                                                index_bstrides, num_bstrides, st));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckStrideAttr(op, "pad_value", g, pad_bstrides, 1, pad.element_count(), st.pad));
+  JAX_EXT_RETURN_IF_ERROR(CheckPaddedRowCount(op, "result", g, out->element_count()));
+  return GatherRun(pool, src, offsets, index, num, pad, out, g, st, check_bounds);
 }
 
 // gather(src, offsets, index, num_indices, pad_value) -> result.
@@ -282,9 +270,9 @@ auto GatherOperands() {
 }
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherHandler, GatherImpl, WithRowAttrs(GatherOperands()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    GatherHandler, GatherImpl,
-    WithV1Attrs(GatherOperands(), "src_bstrides").Attr<ffi::Span<const int64_t>>("pad_bstrides"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatherV2Handler, GatherV2Impl, WithV2Attrs(GatherOperands()));
+    GatherShapeAttrsHandler, GatherShapeAttrsImpl,
+    WithShapeAttrs(GatherOperands(), "src_bstrides").Attr<Dims>("pad_bstrides"));
 
 }  // namespace jax_ext

@@ -15,11 +15,14 @@
 
 namespace jax_ext {
 
-// Results at least this large do not fit in the last-level cache: rows are written with
+// Results at least this large do not fit in the last-level cache: they are written with
 // non-temporal stores, which skip reading each destination line before overwriting it.
-// (The scatter-add's zero-filled result streams from here; the select and the gather,
-// measured faster with regular stores at 16-32 MiB, from 4x this.)
+// The scatter-add's zero-filled result streams from kStreamBytes. Results the select and
+// the gather copy into stream only from kStreamCopyBytes: below it regular stores were as
+// fast, and they leave the result's tail in cache for whatever reads it next
+// (docs/performance.md, "Streaming stores for 16-32 MiB results").
 constexpr int64_t kStreamBytes = int64_t{16} << 20;
+constexpr int64_t kStreamCopyBytes = 4 * kStreamBytes;
 
 #if defined(__SSE2__)
 // Moves 64 bytes: four 16-byte loads, then four stores, non-temporal (d 16-byte aligned)
@@ -56,8 +59,7 @@ inline void StreamBytes(void* dst, const void* src, int64_t bytes) {
 }
 
 // Copies B bytes, B a multiple of 64, with 16-byte moves. GCC expands a constant
-// memcpy larger than 256 bytes into `rep movsq`, whose start-up cost made the 512-byte
-// row gather slower than XLA's own loop.
+// memcpy larger than 256 bytes into `rep movsq`, whose start-up cost is paid per row.
 template <int64_t B>
 inline void CopyFixed(void* dst, const void* src) {
   static_assert(B % 64 == 0, "whole 64-byte blocks");
@@ -102,10 +104,9 @@ constexpr uintptr_t kHugeBytes = uintptr_t{2} << 20;
 
 // The 2 MiB-aligned interior [*b, *e) of a buffer; false when it has none or it is
 // already resident (a buffer the allocator is reusing). Residency is sampled at the
-// middle and the last page of the interior, not at its start: inside a program, the
-// first 2 MiB of a fresh 51 MB result were found resident before the kernel ran (513 of
-// 12501 pages), and taking that buffer for a reused one left the rest to fault 4 KiB at
-// a time (13 ms of zeroing in a scatter-add that takes 2 ms on a mapped result).
+// middle and the last page of the interior, not at its start: inside a program the first
+// pages of a fresh result can be resident before the kernel runs, and taking such a
+// buffer for a reused one would leave the rest to fault 4 KiB at a time.
 inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) {
 #if defined(__linux__)
   if (bytes < kHugeBytes) return false;
@@ -125,19 +126,16 @@ inline bool FreshInterior(void* data, size_t bytes, uintptr_t* b, uintptr_t* e) 
 }
 
 // Maps a fresh result's interior as huge pages, from the calling thread, before the
-// kernel's threads write it. Faulting huge pages from two threads at once stalled one
-// of them for 100-290 ms in 4-6% of calls on a 2-vCPU VM (a C loop over fresh 32 MiB
-// buffers, 400 calls: 18-25 slow ones with two threads faulting, 0-1 with one thread
-// mapping first); mapping from one thread costs about 2 ms more at the median and
-// removes that tail. Contents are unchanged (fresh anonymous memory reads as zero
-// either way). A kernel without MADV_POPULATE_WRITE (before Linux 5.14) refuses it and
-// the pages fault on first write, as huge pages still.
+// kernel's threads write it: huge pages faulted from several threads at once can stall
+// one of them for a long time on a virtual machine, and mapping from one thread removes
+// that tail at a small cost to the median. Contents are unchanged (fresh anonymous memory
+// reads as zero either way). A kernel without MADV_POPULATE_WRITE (before Linux 5.14)
+// refuses it and the pages fault on first write, as huge pages still.
 //
 // Returns true when it mapped the buffer: its lines were just zeroed through the cache,
-// so the kernels then write with regular stores (PrepareResult), not non-temporal ones, which would
-// evict those lines and go to memory (a C loop, 32 MiB, two threads: freshly populated,
-// 2.8 ms with regular stores and 5.2 ms with streaming ones; on a reused buffer streaming
-// wins, 1.3 vs 1.8 ms).
+// so the kernels then write it with regular stores (PrepareResult); non-temporal ones
+// would evict those lines and go to memory. The measurements are in docs/performance.md
+// ("Huge pages mapped by several threads", "Streaming stores for 16-32 MiB results").
 inline bool PrefaultFresh(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   uintptr_t b, e;

@@ -4,7 +4,7 @@
 #include "xla/ffi/api/api.h"
 #include "xla/ffi/api/c_api.h"
 
-#include "common.h"
+#include "check.h"
 
 namespace nb = nanobind;
 
@@ -13,9 +13,9 @@ namespace jax_ext {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectV2Handler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherV2Handler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddV2Handler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectShapeAttrsHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherShapeAttrsHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddShapeAttrsHandler);
 }  // namespace jax_ext
 
 namespace {
@@ -27,17 +27,21 @@ nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
 NB_MODULE(_jax_ext, m) {
   // The largest rank the kernels walk: Python routes a call past it to lax at lowering.
   m.attr("MAX_RANK") = jax_ext::kMaxRank;
-  // Target names carry a version: a serialized (jax.export) program names them, so a
-  // change in a handler's operands or attributes gets a new name, never a new meaning.
+  // A serialized (jax.export) program names its targets, so a target's operands and
+  // attributes never change meaning: a change gets a new name, and every released name
+  // stays registered.
   m.def("registrations", []() {
     nb::dict d;
-    d["jax_ext_select_v1"] = Capsule(jax_ext::SelectHandler);
-    d["jax_ext_gather_v1"] = Capsule(jax_ext::GatherHandler);
-    d["jax_ext_scatter_add_v1"] = Capsule(jax_ext::ScatterAddHandler);
-    // v2: sizes read from the buffers at run time (shape-polymorphic jax.export).
-    d["jax_ext_select_v2"] = Capsule(jax_ext::SelectV2Handler);
-    d["jax_ext_gather_v2"] = Capsule(jax_ext::GatherV2Handler);
-    d["jax_ext_scatter_add_v2"] = Capsule(jax_ext::ScatterAddV2Handler);
+    // The handlers: shapes read from the buffers, attributes only what the buffers cannot
+    // say. Every program jax_ext lowers calls these.
+    d["jax_ext_select_v2"] = Capsule(jax_ext::SelectHandler);
+    d["jax_ext_gather_v2"] = Capsule(jax_ext::GatherHandler);
+    d["jax_ext_scatter_add_v2"] = Capsule(jax_ext::ScatterAddHandler);
+    // Programs exported by jax_ext 0.1.0 with static shapes: shapes and strides as
+    // attributes, checked against the buffers, then the same kernels.
+    d["jax_ext_select_v1"] = Capsule(jax_ext::SelectShapeAttrsHandler);
+    d["jax_ext_gather_v1"] = Capsule(jax_ext::GatherShapeAttrsHandler);
+    d["jax_ext_scatter_add_v1"] = Capsule(jax_ext::ScatterAddShapeAttrsHandler);
     return d;
   });
 }

@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
-#include "geometry_v2.h"
+#include "check.h"
+#include "dispatch.h"
 #include "memory.h"
 #include "parallel.h"
 #include "rows.h"
@@ -54,33 +54,36 @@ inline uint16_t F32ToF16(float f) {
 // kF16 and kBF16.
 enum class Conv { kNone, kF16, kBF16 };
 
+// The end of the run of output rows from t on that no contribution reaches (clear in
+// `seen`), at most re; whole clear words of `seen` are skipped at once.
+inline int64_t UnreachedEnd(const uint64_t* seen, int64_t t, int64_t re) {
+  int64_t z = t;
+  while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
+    if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
+      z += 64;
+    else
+      ++z;
+  }
+  return z;
+}
+
 // Zeroes the output rows of E Acc values no contribution reaches (clear in `seen`), and
 // the tail past the last whole row, with non-temporal stores when `stream`.
 template <typename Acc>
 void ZeroUnreachedRows(ffi::ThreadPool& pool, Acc* acc, int64_t E, int64_t out_n,
                        const uint64_t* seen, bool stream) {
   const int64_t out_rows = E > 0 ? out_n / E : 0;
-  ParallelFor(
-      pool, out_rows,
-      std::max<int64_t>(1, kGatherMinChunkBytes / std::max<int64_t>(1, E * int64_t(sizeof(Acc)))),
-      [&](int64_t rb, int64_t re) {
-        for (int64_t t = rb; t < re;) {
-          if (seen[t >> 6] >> (t & 63) & 1) {
-            ++t;
-            continue;
-          }
-          int64_t z = t + 1;
-          while (z < re && !(seen[z >> 6] >> (z & 63) & 1)) {
-            if ((z & 63) == 0 && z + 64 <= re && seen[z >> 6] == 0)
-              z += 64;
-            else
-              ++z;
-          }
-          ZeroBytes(acc + t * E, (z - t) * E * int64_t(sizeof(Acc)), stream);
-          t = z;
-        }
-        if (stream) StreamFence();
-      });
+  const int64_t row_bytes = E * int64_t(sizeof(Acc));
+  const int64_t min_rows =
+      std::max<int64_t>(1, kGatherMinChunkBytes / std::max<int64_t>(1, row_bytes));
+  ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
+    for (int64_t t = rb; t < re;) {
+      const int64_t z = UnreachedEnd(seen, t, re);
+      if (z > t) ZeroBytes(acc + t * E, (z - t) * row_bytes, stream);
+      t = std::max(z, t + 1);  // past the run, or past a reached row
+    }
+    if (stream) StreamFence();
+  });
   if (out_rows * E < out_n)
     std::memset(acc + out_rows * E, 0, static_cast<size_t>(out_n - out_rows * E) * sizeof(Acc));
 }
@@ -150,31 +153,36 @@ struct RowAdder {
   }
 };
 
+// Adds columns [c0, c1) of every ct row into its target row. Output rows are hit in random
+// order: the owned part of the rows a few targets ahead (about 4 KiB in flight) is
+// prefetched for writing, unless a first contribution will stream into it (`nt_first`),
+// which needs no read of the line.
+template <typename Acc, Conv C>
+void AddColumnRange(const RowAdder<Acc, C>& add, const int64_t* targets, int64_t total_rows,
+                    int64_t c0, int64_t c1, bool nt_first) {
+  const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
+  const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
+  for (int64_t u = 0; u < total_rows; ++u) {
+    const int64_t next = u + ahead < total_rows ? targets[u + ahead] : -1;
+    if (next >= 0 && !(nt_first && (next & kFirst))) {
+      const char* p = reinterpret_cast<const char*>(add.acc + (next & ~kFirst) * add.E + c0);
+      for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
+    }
+    if (targets[u] >= 0) add(u, targets[u], c0, c1);
+  }
+}
+
 // Long rows: each task owns a column range of every output row.
 template <typename Acc, Conv C>
 void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
                   int64_t total_rows, int64_t threads, bool nt_first) {
   const int64_t E = add.E;
-  const Acc* acc = add.acc;
   const int64_t tasks = std::min<int64_t>(threads, E / 64);
   ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
     for (int64_t tk = tb; tk < te; ++tk) {
       const int64_t c0 = (E * tk / tasks) & ~int64_t{15};
       const int64_t c1 = tk + 1 == tasks ? E : (E * (tk + 1) / tasks) & ~int64_t{15};
-      // Output rows are hit in random order: prefetch the owned part of the rows a
-      // few targets ahead (about 4 KiB in flight) for writing.
-      const int64_t span = (c1 - c0) * int64_t(sizeof(Acc));
-      const int64_t ahead = std::clamp<int64_t>(4096 / std::max<int64_t>(1, span), 2, 64);
-      for (int64_t u = 0; u < total_rows; ++u) {
-        // (A first contribution streamed in needs no read of the line.)
-        if (u + ahead < total_rows && targets[u + ahead] >= 0 &&
-            !(nt_first && (targets[u + ahead] & kFirst))) {
-          const char* p =
-              reinterpret_cast<const char*>(acc + (targets[u + ahead] & ~kFirst) * E + c0);
-          for (int64_t q = 0; q < span; q += 64) __builtin_prefetch(p + q, 1, 3);
-        }
-        if (targets[u] >= 0) add(u, targets[u], c0, c1);
-      }
+      AddColumnRange(add, targets, total_rows, c0, c1, nt_first);
     }
     if (add.stream) StreamFence();
   });
@@ -261,74 +269,32 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_
 // output rows some ct row reaches.
 void FindTargets(const RowLayout& g, const OperandStrides& st, const ffi::AnyBuffer& offsets,
                  const ffi::AnyBuffer& index, const ffi::AnyBuffer& num, bool check_bounds,
-                 int64_t row_src, std::vector<int64_t>& targets, std::vector<uint64_t>& seen) {
-  const IntOperand op_{offsets.untyped_data(), offsets.element_type() == ffi::DataType::S64};
-  const IntOperand np_{num.untyped_data(), num.element_type() == ffi::DataType::S64};
-  int64_t rows[kRowBlock];
+                 int64_t row_src, int64_t* targets, uint64_t* seen) {
+  const IntOperand offs(offsets), nums(num);
   for (int64_t b = 0; b < g.batch; ++b) {
-    const RowBase rb = BaseOf(g, op_, BatchOffset(g, st.offsets, b), check_bounds);
+    const RowBase rb = BaseOf(g, offs, BatchOffset(g, st.offsets, b), check_bounds);
     if (!rb.ok) continue;
-    const int64_t k = std::clamp<int64_t>(np_[BatchOffset(g, st.num, b)], 0, g.n);
-    const int64_t ix = BatchOffset(g, st.index, b);
+    const int64_t k = std::clamp<int64_t>(nums[BatchOffset(g, st.num, b)], 0, g.n);
     const int64_t ob = BatchOffset(g, st.data, b) / row_src;  // src_size is a multiple
-    for (int64_t j = 0; j < k; j += kRowBlock) {
-      const int64_t m = std::min(kRowBlock, k - j);
-      ResolveRows(rb, index.untyped_data(), index.element_type(), ix + j, m, check_bounds, rows);
-      for (int64_t q = 0; q < m; ++q) {
-        if (rows[q] < 0) continue;
-        const int64_t t = ob + rb.base + rows[q];
-        uint64_t& w = seen[static_cast<size_t>(t >> 6)];
-        const uint64_t bit = uint64_t{1} << (t & 63);
-        targets[b * g.n + j + q] = (w & bit) ? t : (t | kFirst);
-        w |= bit;
-      }
-    }
+    int64_t* tb = targets + b * g.n;
+    auto mark = [&](int64_t q, int64_t r) {
+      if (r < 0) return;
+      const int64_t t = ob + rb.base + r;
+      uint64_t& w = seen[t >> 6];
+      const uint64_t bit = uint64_t{1} << (t & 63);
+      tb[q] = (w & bit) ? t : (t | kFirst);
+      w |= bit;
+    };
+    ForEachIndexRow(rb, index.untyped_data(), index.element_type(), BatchOffset(g, st.index, b), k,
+                    check_bounds, mark);
   }
 }
 
-ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
-                          ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Span<const int64_t> src_shape, int64_t dim, int64_t row_len,
-                          int64_t n, bool check_bounds, ffi::Span<const int64_t> batch_shape,
-                          ffi::Span<const int64_t> out_bstrides,
-                          ffi::Span<const int64_t> offsets_bstrides,
-                          ffi::Span<const int64_t> index_bstrides,
-                          ffi::Span<const int64_t> num_bstrides) {
-  // Check the geometry: the attributes, then every operand against its buffer.
-  const char* op = "scatter_add";
-  RowLayout g;
-  JAX_EXT_RETURN_IF_ERROR(ReadRowLayout(op, g, src_shape, dim, row_len, n, batch_shape));
-  const ffi::DataType dt = out->element_type();
-  if (ct.element_type() != dt)
-    return ffi::Error::InvalidArgument(Msg(op, "the cotangent and the result differ in dtype"));
-  OperandStrides st;
-  JAX_EXT_RETURN_IF_ERROR(CheckIndexOperands(op, g, offsets, index, num, offsets_bstrides,
-                                             index_bstrides, num_bstrides, st));
-  JAX_EXT_RETURN_IF_ERROR(
-      CheckOperand(op, "result", g, out_bstrides, g.src_size, out->element_count(), st.data));
-  int64_t row_ct, total_rows;
-  JAX_EXT_RETURN_IF_ERROR(
-      CheckPaddedRows(op, "the cotangent", g, ct.element_count(), &row_ct, &total_rows));
-  const int64_t out_elems = static_cast<int64_t>(out->element_count());
-  if (out_elems == 0) return ffi::Error::Success();
-
-  // Where each ct row goes.
-  // With empty src rows nothing is added and no target is read; total_rows is then not
-  // bounded by the cotangent's size (0 elements per row), so nothing is allocated for it.
-  const int64_t row_src = g.inner * g.last;
-  std::vector<int64_t> targets(static_cast<size_t>(row_src > 0 ? total_rows : 0), -1);
-  const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
-  std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
-  if (row_src > 0) FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets, seen);
-  const bool stream = PrepareResult(out->untyped_data(), out->size_bytes(), kStreamBytes);
-
-  // Adding is arithmetic, so this one dispatch is on the accumulation type: integers add
-  // as unsigned of their width (two's complement wraps alike), complex as float lanes.
-  auto run = [&](auto acc, auto conv, int64_t lanes) {
-    return ScatterRun<decltype(acc), decltype(conv)::value>(
-        pool, g, ct.untyped_data(), out->untyped_data(), out_elems, lanes, targets.data(),
-        seen.data(), static_cast<int64_t>(targets.size()), stream);
-  };
+// Calls run(Acc{}, std::integral_constant<Conv, C>{}, lanes) with how dtype `dt` adds:
+// integers as unsigned of their width (two's complement wraps alike), complex as float
+// lanes, 16-bit floats in float32.
+template <typename Run>
+ffi::Error DispatchAccumulate(ffi::DataType dt, Run&& run) {
   using Plain = std::integral_constant<Conv, Conv::kNone>;
   switch (dt) {
     case ffi::DataType::F32: return run(float{}, Plain{}, 1);
@@ -345,25 +311,79 @@ ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffe
     case ffi::DataType::U32: return run(uint32_t{}, Plain{}, 1);
     case ffi::DataType::S64:
     case ffi::DataType::U64: return run(uint64_t{}, Plain{}, 1);
-    default:
-      return ffi::Error::InvalidArgument(Msg(op, "unsupported dtype (float, complex or integer)"));
+    default: return Invalid("scatter_add", "unsupported dtype (float, complex or integer)");
   }
 }
 
-// v2: the same kernel; shapes, sizes and batch strides come from the buffers
-// (geometry_v2.h), the attributes carry only dim, nbatch and check_bounds.
-ffi::Error ScatterAddV2Impl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
-                            ffi::AnyBuffer index, ffi::AnyBuffer num,
-                            ffi::Result<ffi::AnyBuffer> out, int64_t dim, int64_t nbatch,
-                            bool check_bounds) {
-  v2::GatherAttrs g;
-  std::vector<int64_t> st[4];
-  JAX_EXT_RETURN_IF_ERROR(v2::ScatterFromBuffers(ct.dimensions(), offsets.dimensions(),
-                                                 index.dimensions(), num.dimensions(),
-                                                 out->dimensions(), nbatch, dim, g, st));
-  return ScatterAddImpl(pool, ct, offsets, index, num, out, v2::Of(g.src_shape), dim, g.row_len,
-                        g.n, check_bounds, v2::Of(g.batch_shape), v2::Of(st[0]), v2::Of(st[1]),
-                        v2::Of(st[2]), v2::Of(st[3]));
+// What both targets run once the layout is known: dtype checks, where each ct row goes,
+// then the adds.
+ffi::Error ScatterAddRun(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                         ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
+                         const RowLayout& g, const OperandStrides& st, bool check_bounds) {
+  const ffi::DataType dt = out->element_type();
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckSameDtype("scatter_add", "the cotangent and the result", dt, {ct.element_type()}));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexDtypes("scatter_add", offsets, index, num));
+  const int64_t out_elems = static_cast<int64_t>(out->element_count());
+  if (out_elems == 0) return ffi::Error::Success();
+  // With empty src rows nothing is added and no target is read; total_rows is then not
+  // bounded by the cotangent's size (0 elements per row), so nothing is allocated for it.
+  const int64_t row_src = g.inner * g.last;
+  std::vector<int64_t> targets(static_cast<size_t>(row_src > 0 ? g.total_rows : 0), -1);
+  const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
+  std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
+  if (row_src > 0)
+    FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets.data(), seen.data());
+  const bool stream = PrepareResult(out->untyped_data(), out->size_bytes(), kStreamBytes);
+  return DispatchAccumulate(dt, [&](auto acc, auto conv, int64_t lanes) {
+    return ScatterRun<decltype(acc), decltype(conv)::value>(
+        pool, g, ct.untyped_data(), out->untyped_data(), out_elems, lanes, targets.data(),
+        seen.data(), static_cast<int64_t>(targets.size()), stream);
+  });
+}
+
+// The handler: shapes from the buffers; the attributes carry only dim, nbatch and
+// check_bounds.
+ffi::Error ScatterAddImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                          ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t dim, int64_t nbatch, bool check_bounds) {
+  const char* op = "scatter_add";
+  const Dims cd = ct.dimensions(), od = out->dimensions();
+  RowLayout g;
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(BatchFromBuffers(
+      op, nbatch, {cd, offsets.dimensions(), index.dimensions(), num.dimensions(), od}, g));
+  JAX_EXT_ASSIGN_OR_RETURN(const int64_t srank, RankPastBatch(op, "result", od, nbatch, dim));
+  JAX_EXT_RETURN_IF_ERROR(BatchStridesOf(op, "result", od, srank, "nbatch + rest", g, st.data));
+  int64_t n;
+  JAX_EXT_RETURN_IF_ERROR(
+      IndexStrides(op, offsets.dimensions(), index.dimensions(), num.dimensions(), dim, g, st, &n));
+  JAX_EXT_ASSIGN_OR_RETURN(const int64_t row_len,
+                           PaddedRowLength(op, "cotangent", cd, "result", od, dim, n, g));
+  JAX_EXT_RETURN_IF_ERROR(SetRows(op, g, od.last(srank), dim, row_len, n));
+  JAX_EXT_RETURN_IF_ERROR(SetRowCounts(op, "the cotangent", g));
+  return ScatterAddRun(pool, ct, offsets, index, num, out, g, st, check_bounds);
+}
+
+// Programs exported by jax_ext 0.1.0: shapes and batch strides as attributes, each checked
+// against the buffers.
+ffi::Error ScatterAddShapeAttrsImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer offsets,
+                                    ffi::AnyBuffer index, ffi::AnyBuffer num,
+                                    ffi::Result<ffi::AnyBuffer> out, Dims src_shape, int64_t dim,
+                                    int64_t row_len, int64_t n, bool check_bounds, Dims batch_shape,
+                                    Dims out_bstrides, Dims offsets_bstrides, Dims index_bstrides,
+                                    Dims num_bstrides) {
+  const char* op = "scatter_add";
+  RowLayout g;
+  OperandStrides st;
+  JAX_EXT_RETURN_IF_ERROR(SetRows(op, g, src_shape, dim, row_len, n));
+  JAX_EXT_RETURN_IF_ERROR(BatchFromAttr(op, batch_shape, g));
+  JAX_EXT_RETURN_IF_ERROR(CheckIndexStrideAttrs(op, g, offsets, index, num, offsets_bstrides,
+                                                index_bstrides, num_bstrides, st));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckStrideAttr(op, "result", g, out_bstrides, g.src_size, out->element_count(), st.data));
+  JAX_EXT_RETURN_IF_ERROR(CheckPaddedRowCount(op, "the cotangent", g, ct.element_count()));
+  return ScatterAddRun(pool, ct, offsets, index, num, out, g, st, check_bounds);
 }
 
 // scatter_add(ct, offsets, index, num_indices) -> result (laid out like src); ct holds
@@ -376,8 +396,8 @@ auto ScatterAddOperands() {
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddHandler, ScatterAddImpl,
-                              WithV1Attrs(ScatterAddOperands(), "out_bstrides"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddV2Handler, ScatterAddV2Impl,
-                              WithV2Attrs(ScatterAddOperands()));
+                              WithRowAttrs(ScatterAddOperands()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScatterAddShapeAttrsHandler, ScatterAddShapeAttrsImpl,
+                              WithShapeAttrs(ScatterAddOperands(), "out_bstrides"));
 
 }  // namespace jax_ext

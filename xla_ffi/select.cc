@@ -1,21 +1,32 @@
-// Select: out = cond ? x : y over a (collapsed) output shape. Every operand is read
-// through its own element strides, 0 where it is broadcast, so broadcast and vmapped
-// operands are never materialized. Python collapses dimensions and computes strides;
-// this file validates them against the buffers and moves bytes.
+// Select: out = cond ? x : y over the layout of strided.h. The handler reads the shapes
+// from the buffers; the adapter for programs exported by jax_ext 0.1.0 checks their shape
+// and stride attributes instead. Both then run SelectRun.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
-#include "common.h"
-#include "geometry_v2.h"
+#include "check.h"
+#include "dispatch.h"
 #include "memory.h"
 #include "parallel.h"
+#include "strided.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_ext {
 namespace {
+
+// Branch-free choice: reads both sides (they are always in bounds) so loops vectorize.
+template <typename T>
+inline T Pick(uint8_t c, T x, T y) {
+  const T m = static_cast<T>(-static_cast<T>(c != 0));
+  return static_cast<T>((x & m) | (y & static_cast<T>(~m)));
+}
+template <>
+inline U128 Pick<U128>(uint8_t c, U128 x, U128 y) {
+  const uint64_t m = -static_cast<uint64_t>(c != 0);
+  return {(x.lo & m) | (y.lo & ~m), (x.hi & m) | (y.hi & ~m)};
+}
 
 // One output row of length n. CS/XS/YS: the inner stride as a compile-time 0 or 1
 // (vectorizable), or -1 for a runtime stride.
@@ -80,173 +91,122 @@ InPlaceFn<T> ChooseInPlace(int64_t cs, int64_t ys) {
   return table[cs][ys];
 }
 
-// The validated walk: the (collapsed) result shape and each operand's element strides
-// over it.
-struct SelectLayout {
-  int rank;
-  std::array<int64_t, kMaxRank> shape;
-  std::array<std::array<int64_t, kMaxRank>, 3> strides;  // cond, x, y (elements)
+// A checked select call, typed by element width T.
+template <typename T>
+struct SelectCall {
+  const StridedLayout& g;
+  const uint8_t* c;
+  const T* x;
+  const T* y;
+  T* out;
+  int64_t total;       // result elements
+  int64_t cs, xs, ys;  // innermost strides
+
+  int64_t MinChunk() const {
+    return std::max<int64_t>(1, kSelectMinChunkBytes / int64_t(sizeof(T)));
+  }
 };
 
-// Calls row(n, offsets[3], out_offset) for every maximal run of the innermost
-// dimension that lies in the linear output range [begin, end).
-template <typename RowCall>
-void ForEachRow(const SelectLayout& g, int64_t begin, int64_t end, RowCall&& row) {
-  const int last = g.rank - 1;
-  const int64_t inner = g.shape[last];
-  std::array<int64_t, kMaxRank> idx{};
-  int64_t rest = begin / inner, col = begin % inner;
-  std::array<int64_t, 3> off{};
-  for (int d = last - 1; d >= 0; --d) {
-    idx[d] = rest % g.shape[d];
-    rest /= g.shape[d];
-    for (int k = 0; k < 3; ++k) off[k] += idx[d] * g.strides[k][d];
-  }
-  while (begin < end) {
-    const int64_t n = std::min(inner - col, end - begin);
-    row(n, off[0] + col * g.strides[0][last], off[1] + col * g.strides[1][last],
-        off[2] + col * g.strides[2][last], begin);
-    begin += n;
-    col = 0;
-    for (int d = last - 1; d >= 0; --d) {  // odometer step over the outer dimensions
-      ++idx[d];
-      for (int k = 0; k < 3; ++k) off[k] += g.strides[k][d];
-      if (idx[d] < g.shape[d]) break;
-      for (int k = 0; k < 3; ++k) off[k] -= idx[d] * g.strides[k][d];
-      idx[d] = 0;
-    }
-  }
+// Writes the result over x's own buffer: only the false positions change.
+template <typename T>
+void SelectInPlace(ffi::ThreadPool& pool, const SelectCall<T>& s) {
+  const InPlaceFn<T> fn = ChooseInPlace<T>(s.cs, s.ys);
+  ParallelFor(pool, s.total, s.MinChunk(), [&](int64_t b, int64_t e) {
+    ForEachRow(s.g, b, e, [&](int64_t n, int64_t co, int64_t, int64_t yo, int64_t oo) {
+      fn(n, s.c + co, s.cs, s.y + yo, s.ys, s.out + oo);
+    });
+  });
 }
 
-// Largest element offset an operand is read at, or -1 on overflow.
-int64_t MaxOffset(const SelectLayout& g, int k) {
-  int64_t m = 0;
-  for (int d = 0; d < g.rank; ++d) {
-    int64_t t;
-    if (__builtin_mul_overflow(g.shape[d] - 1, g.strides[k][d], &t) ||
-        __builtin_add_overflow(m, t, &m))
-      return -1;
-  }
-  return m;
+// Writes a fresh result. With `stream` (a reused result past the last-level cache) each row
+// is blended a few KiB at a time into a tile that stays in L1, then streamed out, so the
+// result's lines are not read before being written.
+template <typename T>
+void SelectBlend(ffi::ThreadPool& pool, const SelectCall<T>& s, bool stream) {
+  const BlendFn<T> fn = ChooseBlend<T>(s.cs, s.xs, s.ys);
+  constexpr int64_t kTile = 4096 / int64_t(sizeof(T));  // 256 elements or more
+  ParallelFor(pool, s.total, s.MinChunk(), [&](int64_t b, int64_t e) {
+    alignas(64) T tile[kTile];
+    ForEachRow(s.g, b, e, [&](int64_t n, int64_t co, int64_t xo, int64_t yo, int64_t oo) {
+      if (!stream) return fn(n, s.c + co, s.cs, s.x + xo, s.xs, s.y + yo, s.ys, s.out + oo);
+      for (int64_t i = 0; i < n; i += kTile) {
+        const int64_t m = std::min(kTile, n - i);
+        fn(m, s.c + co + i * s.cs, s.cs, s.x + xo + i * s.xs, s.xs, s.y + yo + i * s.ys, s.ys,
+           tile);
+        StreamBytes(s.out + oo + i, tile, m * int64_t(sizeof(T)));
+      }
+    });
+    if (stream) StreamFence();
+  });
 }
 
-ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
-                      ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
-                      ffi::Span<const int64_t> shape, ffi::Span<const int64_t> cond_strides,
-                      ffi::Span<const int64_t> x_strides, ffi::Span<const int64_t> y_strides) {
-  const ffi::Span<const int64_t> strides[3] = {cond_strides, x_strides, y_strides};
-  const char* names[3] = {"cond", "x", "y"};
-  const int64_t rank = static_cast<int64_t>(shape.size());
-  if (rank < 1 || rank > kMaxRank)
-    return ffi::Error::InvalidArgument("jax_ext select: rank " + std::to_string(rank) +
-                                       " outside [1, " + std::to_string(kMaxRank) + "]");
-  if (x.element_type() != out->element_type() || y.element_type() != out->element_type())
-    return ffi::Error::InvalidArgument("jax_ext select: x, y and the result differ in dtype");
-  if (IsSubByte(out->element_type()))
-    return ffi::Error::InvalidArgument("jax_ext select: sub-byte dtypes are not supported");
-  SelectLayout g{};
-  g.rank = static_cast<int>(rank);
-  int64_t total = 1;
-  for (int64_t d = 0; d < rank; ++d) {
-    if (shape[d] < 0 || __builtin_mul_overflow(total, shape[d], &total))
-      return ffi::Error::InvalidArgument("jax_ext select: bad shape " + ShapeString(shape));
-    g.shape[d] = shape[d];
+// In place, XLA handed over x's buffer as the result (input_output_aliases): x must then
+// be laid out exactly like the result, or the kernel would read x where it is written.
+ffi::Error CheckAliasedX(const StridedLayout& g) {
+  int64_t dense = 1;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    if (g.shape[d] != 1 && g.strides[1][d] != dense)
+      return Invalid("select", "aliased x is not dense");
+    dense *= g.shape[d];
   }
-  if (total != static_cast<int64_t>(out->element_count()))
-    return ffi::Error::InvalidArgument("jax_ext select: shape " + ShapeString(shape) +
-                                       " does not match the result's " +
-                                       std::to_string(out->element_count()) + " elements");
-  const size_t counts[3] = {cond.element_count(), x.element_count(), y.element_count()};
-  for (int k = 0; k < 3; ++k) {
-    if (static_cast<int64_t>(strides[k].size()) != rank)
-      return ffi::Error::InvalidArgument(std::string("jax_ext select: ") + names[k] +
-                                         " strides have the wrong rank");
-    for (int64_t d = 0; d < rank; ++d) {
-      if (strides[k][d] < 0)
-        return ffi::Error::InvalidArgument(std::string("jax_ext select: negative stride for ") +
-                                           names[k]);
-      g.strides[k][d] = strides[k][d];
-    }
-    if (total > 0) {
-      const int64_t m = MaxOffset(g, k);
-      if (m < 0 || m >= static_cast<int64_t>(counts[k]))
-        return ffi::Error::InvalidArgument(
-            std::string("jax_ext select: strides ") + ShapeString(strides[k]) + " over shape " +
-            ShapeString(shape) + " read past the end of " + names[k] + " (" +
-            std::to_string(counts[k]) + " elements)");
-    }
-  }
+  return ffi::Error::Success();
+}
+
+// What both targets run once the layout is known: dtype checks, then the kernel.
+ffi::Error SelectRun(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
+                     ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out, const StridedLayout& g) {
+  const ffi::DataType dt = out->element_type();
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckSameDtype("select", "x, y and the result", dt, {x.element_type(), y.element_type()}));
+  JAX_EXT_RETURN_IF_ERROR(CheckWholeBytes("select", dt));
+  const int64_t total = static_cast<int64_t>(out->element_count());
   if (total == 0) return ffi::Error::Success();
-
-  // In place: XLA handed us x's buffer as the output (input_output_aliases), so x must be
-  // laid out exactly like the output.
   const bool in_place = out->untyped_data() == x.untyped_data();
-  if (in_place) {
-    int64_t dense = 1;
-    for (int64_t d = rank - 1; d >= 0; --d) {
-      if (g.shape[d] != 1 && g.strides[1][d] != dense)
-        return ffi::Error::InvalidArgument("jax_ext select: aliased x is not dense");
-      dense *= g.shape[d];
-    }
-  }
-
-  // Past the last-level cache, a reused result is written a few KiB at a time: blended
-  // into a tile that stays in L1, then streamed out, so its lines are not read before
-  // being written (not a result just mapped, whose zeroed lines are in cache). From
-  // 64 MiB, as the gather: at 16 MiB on reused buffers regular stores were faster (bf16
-  // and int8 2^22 selects 0.99-1.05x -> 1.11-1.18x of jnp.where, the broadcast case
-  // 0.71-0.84x -> 1.00-1.24x).
+  if (in_place) JAX_EXT_RETURN_IF_ERROR(CheckAliasedX(g));
   const bool stream =
-      !in_place && PrepareResult(out->untyped_data(), out->size_bytes(), 4 * kStreamBytes);
-  const size_t width = ffi::ByteWidth(out->element_type());
-  return DispatchWidth(width, [&](auto tag) -> ffi::Error {
+      !in_place && PrepareResult(out->untyped_data(), out->size_bytes(), kStreamCopyBytes);
+  return DispatchWidth("select", ffi::ByteWidth(dt), [&](auto tag) -> ffi::Error {
     using T = decltype(tag);
-    const uint8_t* c = static_cast<const uint8_t*>(cond.untyped_data());
-    const T* xp = static_cast<const T*>(x.untyped_data());
-    const T* yp = static_cast<const T*>(y.untyped_data());
-    T* op = static_cast<T*>(out->untyped_data());
     const int last = g.rank - 1;
-    const int64_t cs = g.strides[0][last], xs = g.strides[1][last], ys = g.strides[2][last];
-    const int64_t min_chunk = std::max<int64_t>(1, kSelectMinChunkBytes / int64_t(sizeof(T)));
-    if (in_place) {
-      const InPlaceFn<T> fn = ChooseInPlace<T>(cs, ys);
-      ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
-        ForEachRow(g, b, e, [&](int64_t n, int64_t co, int64_t, int64_t yo, int64_t oo) {
-          fn(n, c + co, cs, yp + yo, ys, op + oo);
-        });
-      });
-    } else {
-      const BlendFn<T> fn = ChooseBlend<T>(cs, xs, ys);
-      constexpr int64_t kTile = 4096 / int64_t(sizeof(T));  // 256 elements or more
-      ParallelFor(pool, total, min_chunk, [&](int64_t b, int64_t e) {
-        alignas(64) T tile[kTile];
-        ForEachRow(g, b, e, [&](int64_t n, int64_t co, int64_t xo, int64_t yo, int64_t oo) {
-          if (!stream) return fn(n, c + co, cs, xp + xo, xs, yp + yo, ys, op + oo);
-          for (int64_t i = 0; i < n; i += kTile) {
-            const int64_t m = std::min(kTile, n - i);
-            fn(m, c + co + i * cs, cs, xp + xo + i * xs, xs, yp + yo + i * ys, ys, tile);
-            StreamBytes(op + oo + i, tile, m * int64_t(sizeof(T)));
-          }
-        });
-        if (stream) StreamFence();
-      });
-    }
+    const SelectCall<T> s{g,
+                          static_cast<const uint8_t*>(cond.untyped_data()),
+                          static_cast<const T*>(x.untyped_data()),
+                          static_cast<const T*>(y.untyped_data()),
+                          static_cast<T*>(out->untyped_data()),
+                          total,
+                          g.strides[0][last],
+                          g.strides[1][last],
+                          g.strides[2][last]};
+    if (in_place)
+      SelectInPlace(pool, s);
+    else
+      SelectBlend(pool, s, stream);
     return ffi::Error::Success();
   });
 }
 
-// v2: the same kernel; shape and strides come from the buffers (geometry_v2.h), the
-// attributes only say which result dimension each operand dimension lies along.
-ffi::Error SelectV2Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
-                        ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out,
-                        ffi::Span<const int64_t> cond_dims, ffi::Span<const int64_t> x_dims,
-                        ffi::Span<const int64_t> y_dims) {
-  const v2::Dims operands[3] = {cond.dimensions(), x.dimensions(), y.dimensions()};
-  const v2::Dims maps[3] = {cond_dims, x_dims, y_dims};
-  v2::SelectAttrs g;
-  JAX_EXT_RETURN_IF_ERROR(v2::SelectFromBuffers(out->dimensions(), operands, maps, g));
-  return SelectImpl(pool, cond, x, y, out, v2::Of(g.shape), v2::Of(g.strides[0]),
-                    v2::Of(g.strides[1]), v2::Of(g.strides[2]));
+// The handler: shapes from the buffers, the attributes say which result dimension each
+// operand dimension lies along.
+ffi::Error SelectImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
+                      ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out, Dims cond_dims,
+                      Dims x_dims, Dims y_dims) {
+  StridedLayout g;
+  JAX_EXT_RETURN_IF_ERROR(FromBuffers(out->dimensions(),
+                                      {cond.dimensions(), x.dimensions(), y.dimensions()},
+                                      {cond_dims, x_dims, y_dims}, g));
+  return SelectRun(pool, cond, x, y, out, g);
+}
+
+// Programs exported by jax_ext 0.1.0: the collapsed shape and strides as attributes,
+// checked against the buffers.
+ffi::Error SelectShapeAttrsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::PRED> cond, ffi::AnyBuffer x,
+                                ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> out, Dims shape,
+                                Dims cond_strides, Dims x_strides, Dims y_strides) {
+  StridedLayout g;
+  JAX_EXT_RETURN_IF_ERROR(
+      FromStrideAttrs(shape, {cond_strides, x_strides, y_strides}, out->element_count(),
+                      {cond.element_count(), x.element_count(), y.element_count()}, g));
+  return SelectRun(pool, cond, x, y, out, g);
 }
 
 // select(cond, x, y) -> result: the operands of both targets, written once.
@@ -260,16 +220,14 @@ auto SelectOperands() {
 }
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectHandler, SelectImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SelectHandler, SelectImpl,
+    SelectOperands().Attr<Dims>("cond_dims").Attr<Dims>("x_dims").Attr<Dims>("y_dims"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectShapeAttrsHandler, SelectShapeAttrsImpl,
                               SelectOperands()
-                                  .Attr<ffi::Span<const int64_t>>("shape")
-                                  .Attr<ffi::Span<const int64_t>>("cond_strides")
-                                  .Attr<ffi::Span<const int64_t>>("x_strides")
-                                  .Attr<ffi::Span<const int64_t>>("y_strides"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SelectV2Handler, SelectV2Impl,
-                              SelectOperands()
-                                  .Attr<ffi::Span<const int64_t>>("cond_dims")
-                                  .Attr<ffi::Span<const int64_t>>("x_dims")
-                                  .Attr<ffi::Span<const int64_t>>("y_dims"));
+                                  .Attr<Dims>("shape")
+                                  .Attr<Dims>("cond_strides")
+                                  .Attr<Dims>("x_strides")
+                                  .Attr<Dims>("y_strides"));
 
 }  // namespace jax_ext
