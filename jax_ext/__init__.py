@@ -37,7 +37,7 @@ def export_checks() -> list[DisabledSafetyCheck]:
     """The safety checks ``jax.export.export`` must skip for functions that use jax_ext.
 
     jax refuses to export custom calls it does not know to be stable. jax_ext's native
-    targets are versioned (``jax_ext_select_v1``, ...), and a released jax_ext keeps
+    targets are versioned (``jax_ext_select_v2``, ...), and a released jax_ext keeps
     serving every version it has exported, so an export runs with the jax_ext that wrote
     it and every later one. A process that deserializes such an export must
     ``import jax_ext`` first, which registers the targets.

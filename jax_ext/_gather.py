@@ -599,34 +599,15 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
 
 # --- native lowerings -----------------------------------------------------------------
 
-def _bstrides(ashape, bshape, slice_size):
-    """Element strides of an operand over the batch dims (0 where broadcast); at least
-    one batch dim is always passed, so an unbatched call has batch (1,), stride 0."""
-    if not bshape:
-        return [0]
-    st = _lowering.dense_strides(ashape)
-    return [st[j] * slice_size if ashape[j] != 1 else 0 for j in range(len(bshape))]
-
-
 def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
                    impl):
     avals = ctx.avals_in
     if not (_lowering.native_dtype_ok(avals[0].dtype)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
-    if not _lowering.static_shapes(ctx):
-        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
-        return _lowering.ffi_call(ctx, "jax_ext_gather_v2", (src, offsets, index, num, pad),
-                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
-    bshape = _batch_shape(avals, nbatch)
-    sshape = avals[0].shape[nbatch:]
-    slices = (int(np.prod(sshape, dtype=np.int64)), dim + 1, avals[2].shape[-1], 1, 1)
-    st = [_bstrides(a.shape[:nbatch], bshape, s) for a, s in zip(avals, slices)]
-    return _lowering.ffi_call(
-        ctx, "jax_ext_gather_v1", (src, offsets, index, num, pad), src_shape=list(sshape),
-        dim=dim, row_len=row_len, n=avals[2].shape[-1], check_bounds=check_bounds,
-        batch_shape=list(bshape) or [1], src_bstrides=st[0], offsets_bstrides=st[1],
-        index_bstrides=st[2], num_bstrides=st[3], pad_bstrides=st[4])
+    # The kernel reads every size from the buffers (static or symbolic alike).
+    return _lowering.ffi_call(ctx, _names.GATHER.target, (src, offsets, index, num, pad),
+                              dim=dim, nbatch=nbatch, check_bounds=check_bounds)
 
 
 # --- SPMD partitioning ---------------------------------------------------------------

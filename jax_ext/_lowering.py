@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Sequence
 
 import jax
 import numpy as np
@@ -21,13 +20,6 @@ _SUB_BYTE = {"int2", "uint2", "int4", "uint4", "float4_e2m1fn"}
 
 def native_dtype_ok(dtype) -> bool:
     return np.dtype(dtype).name not in _SUB_BYTE
-
-
-def static_shapes(ctx) -> bool:
-    """True when every operand and result shape is known; False under jax.export with
-    symbolic dimensions, where the v2 targets (sizes read from the buffers) are used."""
-    return all(isinstance(d, (int, np.integer))
-               for a in list(ctx.avals_in) + list(ctx.avals_out) for d in a.shape)
 
 
 def ffi_call(ctx, target: str, operands, *, aliases: dict[int, int] | None = None, **attrs):
@@ -243,7 +235,7 @@ def kernel_limit(names: _names.OpNames, ctx, params) -> str | None:
     """Why the native kernels cannot take this call, or None: their index state holds at
     most MAX_RANK dims. Gather and scatter-add walk `nbatch` leading batch dims and the
     rest of each operand apart, each up to the limit; select walks the result with size-1
-    dims dropped (what the collapse before the call leaves), so only other dims count."""
+    dims dropped (the kernel's collapse), so only other dims count."""
     limit = _native.MAX_RANK
     avals = list(ctx.avals_in) + list(ctx.avals_out)
     labels = names.operands + ("the result",) * len(ctx.avals_out)
@@ -309,34 +301,6 @@ def definitely_zero(d) -> bool:
         return bool(d == 0)
     except Exception:
         return False
-
-
-def dense_strides(shape: Sequence[int]) -> list[int]:
-    out, acc = [0] * len(shape), 1
-    for d in range(len(shape) - 1, -1, -1):
-        out[d] = acc
-        acc *= shape[d]
-    return out
-
-
-def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]):
-    """Drops size-1 dimensions and merges neighbours that every operand walks through
-    contiguously, so the kernel sees the fewest, longest rows. Always rank >= 1."""
-    keep = [d for d in range(len(shape)) if shape[d] != 1]
-    sh = [shape[d] for d in keep]
-    st = [[s[d] for d in keep] for s in strides]
-    i = len(sh) - 2
-    while i >= 0:
-        if all(s[i] == s[i + 1] * sh[i + 1] for s in st):
-            sh[i] *= sh[i + 1]
-            for s in st:
-                s[i] = s[i + 1]
-                del s[i + 1]
-            del sh[i + 1]
-        i -= 1
-    if not sh:
-        return [1], [[0] for _ in strides]
-    return sh, st
 
 
 # --- bit-exact lax glue -------------------------------------------------------------

@@ -20,7 +20,7 @@ from jax import lax
 
 from . import _compat, _lowering, _names
 from ._gather import (_batch_factors, _batch_shape, _batch_spec, _batch_spec_candidates,
-                      _bstrides, _is_one, _lead, _nonunit, _rows, gather_p)
+                      _is_one, _lead, _nonunit, _rows, gather_p)
 
 Zero = _compat.Zero
 
@@ -113,20 +113,9 @@ def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape,
     if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
-    if not _lowering.static_shapes(ctx):
-        return _lowering.ffi_call(ctx, "jax_ext_scatter_add_v2", (ct, offsets, index, num),
-                                  dim=dim, nbatch=nbatch, check_bounds=check_bounds)
-    bshape = _batch_shape(avals, nbatch)
-    size = int(np.prod(src_shape, dtype=np.int64))
-    n = avals[2].shape[-1]
-    return _lowering.ffi_call(
-        ctx, "jax_ext_scatter_add_v1", (ct, offsets, index, num), src_shape=list(src_shape),
-        dim=dim, row_len=avals[0].shape[-1], n=n, check_bounds=check_bounds,
-        batch_shape=list(bshape) or [1],
-        out_bstrides=_bstrides(tuple(out_bshape), bshape, size),
-        offsets_bstrides=_bstrides(avals[1].shape[:nbatch], bshape, dim + 1),
-        index_bstrides=_bstrides(avals[2].shape[:nbatch], bshape, n),
-        num_bstrides=_bstrides(avals[3].shape[:nbatch], bshape, 1))
+    # The kernel reads every size from the buffers, the result's included.
+    return _lowering.ffi_call(ctx, _names.SCATTER_ADD.target, (ct, offsets, index, num),
+                              dim=dim, nbatch=nbatch, check_bounds=check_bounds)
 
 
 def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch, **_):

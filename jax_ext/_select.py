@@ -324,15 +324,6 @@ def _abstract_eval(cond, x, y, *, out_shape, dims, impl, api):
                                 weak_type=bool(x.weak_type and y.weak_type))
 
 
-def _operand_strides(shape, d, out_shape):
-    """Element strides of an operand over out_shape (0 along broadcast dimensions)."""
-    st, dense = [0] * len(out_shape), _lowering.dense_strides(shape)
-    for j, o in enumerate(d):
-        if shape[j] != 1:
-            st[o] = dense[j]
-    return st
-
-
 def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, api, donated=(False,) * 3):
     avals = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
@@ -342,16 +333,11 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, api, donated=(Fa
     # which costs more than it saves. Partitioned, this is one shard of x and the result.
     alias = (avals[1].shape == tuple(out_shape) and dims[1] == tuple(range(len(out_shape)))
              and donated[1])
-    if not _lowering.static_shapes(ctx):
-        # Symbolic dims (jax.export): v2 reads the sizes from the buffers at run time.
-        return _lowering.ffi_call(ctx, "jax_ext_select_v2", (cond, x, y),
-                                  aliases={1: 0} if alias else None, cond_dims=dims[0],
-                                  x_dims=dims[1], y_dims=dims[2])
-    st = [_operand_strides(a.shape, d, out_shape) for a, d in zip(avals, dims)]
-    shape, (cs, xs, ys) = _lowering.collapse(out_shape, st)
-    return _lowering.ffi_call(ctx, "jax_ext_select_v1", (cond, x, y),
-                              aliases={1: 0} if alias else None, shape=shape,
-                              cond_strides=cs, x_strides=xs, y_strides=ys)
+    # The kernel reads the shapes from the buffers (static or symbolic alike) and only needs
+    # to know which result dim each operand dim lies along.
+    return _lowering.ffi_call(ctx, _names.SELECT.target, (cond, x, y),
+                              aliases={1: 0} if alias else None, cond_dims=dims[0],
+                              x_dims=dims[1], y_dims=dims[2])
 
 
 def _expand(a, d, out_shape, sharding=None):

@@ -159,7 +159,7 @@ def run_local_checks():
                 return jax_ext.gather(s, [0], 0, i)
             rec = local_case(mesh, f, [(src, P("x", None)), (idx, P())],
                              np_gather(src, [0], idx, N, 0.0, 0, 8), (None, None), local=False)
-            assert "jax_ext_gather_v1" in rec["targets"], rec
+            assert "jax_ext_gather_v2" in rec["targets"], rec
             return rec
 
 
@@ -205,7 +205,7 @@ def run_local_checks():
         want_t = np.zeros((R, 8), np.float32)
         np.add.at(want_t, ii, 2.0)
         same_bits(gt, want_t)
-        for t in ("jax_ext_select_v1", "jax_ext_scatter_add_v1"):  # the primal gather is dead
+        for t in ("jax_ext_select_v2", "jax_ext_scatter_add_v2"):  # the primal gather is dead
             assert t in targets, targets
         return {"collectives": colls, "targets": targets, "spec": spec_of(gx)}
 
@@ -227,7 +227,7 @@ def run_local_checks():
         same_bits(o1, np.where(c_rows, x, y_row))
         same_bits(o2, np.stack([np_gather(bsrc[b], [0], bidx[b], N, 0.0, 0, 8) for b in range(B)]))
         assert not colls, colls
-        assert {"jax_ext_select_v1", "jax_ext_gather_v1"} <= set(targets), targets
+        assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(targets), targets
         return {"collectives": colls, "targets": targets, "spec": spec_of(o1)}
 
 
@@ -559,7 +559,7 @@ def run_export(outdir):
         try:
             jax.export.export(jax.jit(exported_fn))(*EXPORT_ARGS)
         except ValueError as e:
-            assert "jax_ext_select_v1" in str(e) or "custom call" in str(e).lower(), e
+            assert "jax_ext_select_v2" in str(e) or "custom call" in str(e).lower(), e
         else:
             raise AssertionError("export without jax_ext.export_checks() should be refused")
 
@@ -601,7 +601,7 @@ def load_exports(outdir):
             colls, targets, _ = compiled_info(jax.jit(exp.call), *args)
             for got, want in zip(jax.jit(exp.call)(*args), export_want()):
                 same_bits(got, want)
-            assert {"jax_ext_select_v1", "jax_ext_gather_v1"} <= set(targets), targets
+            assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(targets), targets
             return {"collectives": colls, "targets": targets}
 
 

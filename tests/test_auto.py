@@ -279,7 +279,7 @@ def test_auto_takes_native_only_around_materialized_values(table):
     for name, (fn, args, want) in cases.items():
         assert _choices(fn, *args) == want, name
         text = jax.jit(fn).lower(*args).as_text()
-        assert ("jax_ext_select_v1" in text) == (want[0][1] == "native"), name
+        assert ("jax_ext_select_v2" in text) == (want[0][1] == "native"), name
         with jax_ext.implementation("lax"):
             ref = jax.jit(fn)(*args)
         assert_bits_equal(jax.jit(fn)(*args), ref)

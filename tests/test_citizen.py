@@ -84,7 +84,7 @@ def test_gather_vmap_zero_batch_all_31_operand_patterns(impl):
         outs = jax.jit(run)(all_args)
         text = jax.jit(run).lower(all_args).as_text()
     if impl == "native" and jax_ext.native_available():
-        assert "jax_ext_gather_v1" in text and "jax_ext_scatter_add_v1" in text
+        assert "jax_ext_gather_v2" in text and "jax_ext_scatter_add_v2" in text
     for ax, a, (fwd, (gs, gp)) in zip(patterns, all_args, outs):
         want = jax.eval_shape(jax.vmap(_gather_ref, in_axes=ax), *a)
         gw = jax.eval_shape(jax.vmap(gref, in_axes=ax), *a)

@@ -517,7 +517,7 @@ def test_vmap_each_operand_and_combinations(in_axes):
     got = both(jax.jit(jax.vmap(_g, in_axes)), *args)
     assert_bits(got, want)
     text = hlo(jax.vmap(_g, in_axes), *args)
-    assert text.count("jax_ext_gather_v1") == 1
+    assert text.count("jax_ext_gather_v2") == 1
     assert "stablehlo.while" not in text and "stablehlo.scatter" not in text
 
 
@@ -537,7 +537,7 @@ def test_vmap_nested_and_out_axes():
                               [int(offs[a])], 0, index[b], num_indices=4)
             assert_bits(got[:, :, a][b], want)
     text = hlo(g, src[:, None].repeat(3, 1).reshape(6, 6, 3)[:3], offs, index)
-    assert text.count("jax_ext_gather_v1") == 1 and "stablehlo.while" not in text
+    assert text.count("jax_ext_gather_v2") == 1 and "stablehlo.while" not in text
     # three levels, batched src only at the innermost level
     h = jax.vmap(jax.vmap(jax.vmap(f, (0, None, None)), (None, None, 0)), (None, 0, None))
     s3 = jnp.asarray(rng.standard_normal((2, 6, 3)).astype(np.float32))
@@ -566,7 +566,7 @@ def test_vmap_of_grad_and_grad_of_vmap_stay_native():
     for name, (fn, args) in forms.items():
         outs = [both(lambda *a: jax.jit(fn)(*a)[k], *args) for k in range(2)]
         text = hlo(fn, *args)
-        assert "jax_ext_scatter_add_v1" in text, name
+        assert "jax_ext_scatter_add_v2" in text, name
         assert "stablehlo.scatter" not in text and "stablehlo.while" not in text, name
         # against per-example jax.grad
         in_axes = {"vmap(grad) shared src": (None, 0, 0), "vmap(grad) batched src": (0, 0, None),
@@ -594,8 +594,8 @@ def test_lowering_forward_grad_and_lax():
 
     def loss(s, k, p):
         return jnp.sum(f(s, k, p) ** 2)
-    for fn, target in [(f, "jax_ext_gather_v1"),
-                       (jax.grad(loss, argnums=(0, 2)), "jax_ext_scatter_add_v1")]:
+    for fn, target in [(f, "jax_ext_gather_v2"),
+                       (jax.grad(loss, argnums=(0, 2)), "jax_ext_scatter_add_v2")]:
         text = hlo(fn, src, 3, 1.0)
         assert target in text and "stablehlo.custom_call" in text
         assert "stablehlo.scatter" not in text and "stablehlo.while" not in text

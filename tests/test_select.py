@@ -341,7 +341,7 @@ def test_vmap_of_grad_and_grad_of_vmap():
 def test_lowering_one_custom_call_and_lax_removes_it():
     c, x = np.ones((4, 4), bool), np.ones((4, 4), np.float32)
     for fn in (jax_ext.select, jax_ext.where, jax_ext.where3):
-        assert hlo(fn, c, x, x).count("stablehlo.custom_call @jax_ext_select_v1") == 1
+        assert hlo(fn, c, x, x).count("stablehlo.custom_call @jax_ext_select_v2") == 1
         with jax_ext.implementation("lax"):
             text = hlo(fn, c, x, x)
         assert "custom_call" not in text and "stablehlo.select" in text

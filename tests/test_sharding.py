@@ -116,7 +116,7 @@ def test_partitioned_without_communication(results, name):
 def test_src_sharded_along_gathered_dim_is_all_gathered_and_exact(results):
     for mesh in ("auto", "explicit"):
         rec = _get(results, f"gather_src_rows_sharded_communicates[{mesh}]")
-        assert rec["collectives"] == ["all-gather"] and "jax_ext_gather_v1" in rec["targets"]
+        assert rec["collectives"] == ["all-gather"] and "jax_ext_gather_v2" in rec["targets"]
 
 
 def test_grad_of_sharded_select_and_gather(results):
@@ -177,13 +177,13 @@ def test_uneven_index_gradient_does_not_abort(impl, x64):
 @pytest.mark.parametrize("name", ROUNDTRIP)
 def test_export_roundtrip_in_fresh_process(results, name):
     rec = _get(results, name)
-    assert {"jax_ext_select_v1", "jax_ext_gather_v1"} <= set(rec["targets"])
+    assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(rec["targets"])
 
 
 def test_export_checks_lists_versioned_targets():
     import jax
     checks = jax_ext.export_checks()
     names = {str(c) for c in checks}
-    for t in ("jax_ext_select_v1", "jax_ext_gather_v1", "jax_ext_scatter_add_v1"):
+    for t in ("jax_ext_select_v2", "jax_ext_gather_v2", "jax_ext_scatter_add_v2"):
         assert any(t in n for n in names), names
     assert all(isinstance(c, jax.export.DisabledSafetyCheck) for c in checks)
