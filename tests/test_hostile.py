@@ -441,6 +441,132 @@ def ffi_v1_hostile_counts():
     assert _peak_rss_mib() - base < 256, (base, _peak_rss_mib())
 
 
+@child
+def ffi_v2_select_hostile():
+    """The select handler reads the shapes from the buffers: dim maps that name no result
+    dim, name one twice or disagree with the operands, an aliased x walked transposed, and
+    bad dtypes are errors naming the problem; a result of rank 70 (size-1 dims) is fine.
+    (A result with more than 64 dims of size other than 1 has no elements, and XLA does not
+    call a custom call whose result is empty.)"""
+    c, x, y = np.array([[True], [False], [True]]), jnp.arange(12.0).reshape(3, 4), -jnp.arange(4.0)
+    maps = lambda c, x, y: dict(cond_dims=c, x_dims=x, y_dims=y)  # noqa: E731
+    ok = maps([0, 1], [0, 1], [1])
+    assert_bits_equal(ffi_select_v2(c, x, y, (3, 4), x.dtype, **ok),
+                      np.where(c, np.asarray(x), np.asarray(y)))
+    for bad, msg in ((maps([0, I64_MAX], [0, 1], [1]), "cond dim map (0, 9223372036854775807)"),
+                     (maps([I64_MIN, 1], [0, 1], [1]), "cond dim map (-9223372036854775808, 1) "
+                                                       "does not fit the result rank 2"),
+                     (maps([0, 1], [-1, 1], [1]), "x dim map (-1, 1) does not fit"),
+                     (maps([0, 1], [0, 1], [2]), "y dim map (2,) does not fit the result rank 2"),
+                     (maps([0, 1], [1, 1], [1]), "x (3, 4) does not map onto the result (3, 4) "
+                                                 "with dims (1, 1)"),
+                     (maps([0, 0], [0, 1], [1]), "cond dim map (0, 0) does not fit"),
+                     (maps([1, 0], [0, 1], [1]), "cond (3, 1) does not map onto the result"),
+                     (maps([0, 1], [0, 1], [0, 1]), "y has rank 1 but its dim map (0, 1)")):
+        expect_invalid("jax_ext select: " + msg, ffi_select_v2, c, x, y, (3, 4), x.dtype, **bad)
+    # rank 70 of size-1 dims around 3 elements, operands mapped every which way (numpy holds
+    # at most 64 dims: the result is flattened by jax)
+    shape = (1,) * 69 + (3,)
+    f = jax.ffi.ffi_call("jax_ext_select_v2", jax.ShapeDtypeStruct(shape, jnp.float32))
+    got = f(np.array([True, False, True]), jnp.arange(3, dtype=jnp.float32).reshape(shape),
+            jnp.float32(-1), **_attrs(maps([69], list(range(70)), [])))
+    assert_bits_equal(np.asarray(got.reshape(-1)), np.array([0.0, -1.0, 2.0], np.float32))
+    # in place, x must be laid out like the result: a transposed walk of it is refused
+    sq = jnp.arange(9, dtype=jnp.float32).reshape(3, 3)
+    f = jax.ffi.ffi_call("jax_ext_select_v2", jax.ShapeDtypeStruct((3, 3), jnp.float32),
+                         input_output_aliases={1: 0})
+    expect_invalid("aliased x is not dense", lambda: np.asarray(f(
+        np.ones((3, 3), bool), sq, sq, **_attrs(maps([0, 1], [1, 0], [0, 1])))))
+    expect_invalid("x, y and the result differ in dtype", ffi_select_v2, c, x,
+                   y.astype(jnp.int32), (3, 4), x.dtype, **ok)
+    for dt in SUB_BYTE:
+        expect_invalid("sub-byte", ffi_select_v2, c, x.astype(dt), y.astype(dt), (3, 4), dt,
+                       **ok)
+
+
+@child
+def ffi_v2_rows_hostile():
+    """The gather and scatter-add handlers read the shapes from the buffers: operands whose
+    dims disagree with one another or with dim and nbatch are errors naming them, wild
+    positions are clamped, and broadcast batch dims read and accumulate correctly."""
+    rng = np.random.default_rng(6)
+    src = jnp.asarray(random_values(rng, (5, 2, 3), np.float32))
+    offs, idx = jnp.array([0], jnp.int64), jnp.array([0, 4], jnp.int32)
+    num, pad = jnp.array(2, jnp.int64), jnp.array(-1, jnp.float32)
+    a0 = dict(dim=0, nbatch=0, check_bounds=True)
+    g = lambda *a, out=((2, 2, 3), jnp.float32), **kw: ffi_gather_v2(  # noqa: E731
+        *a, out=out, **(a0 | kw))
+    assert_bits_equal(g(src, offs, idx, num, pad), ref_gather(np.asarray(src), [0], 0, idx,
+                                                               align_bytes=None))
+    for args, out, msg in (
+            ((src, offs[:0], idx, num, pad), None, "offsets (0,) must hold dim + 1 = 1 values"),
+            ((src, jnp.zeros(2, jnp.int64), idx, num, pad), None, "must hold dim + 1 = 1"),
+            ((src, offs, idx, num, pad.reshape(1)), None, "pad_value (1,) must have rank nbatch"),
+            ((src, offs, idx, num.reshape(1), pad), None, "num_indices (1,) must have rank"),
+            ((src, offs, idx.reshape(1, 2), num, pad), None, "index (1, 2) must have rank"),
+            ((src, offs, idx, num, pad), ((2, 2, 2), jnp.float32),
+             "row_len 2 is shorter than the last src dimension 3"),
+            ((src, offs, idx, num, pad), ((3, 2, 3), jnp.float32),
+             "result (3, 2, 3) does not fit src (5, 2, 3) and n = 2: expected (2, 2, L) with "
+             "L >= 3"),
+            ((src, offs, idx, num, pad), ((2, 3, 3), jnp.float32), "result (2, 3, 3) does not"),
+            ((src, offs, idx, num, pad), ((2, 6), jnp.float32), "result (2, 6) does not fit"),
+            ((src, offs, idx.astype(jnp.float32), num, pad), None, "integer dtype"),
+            ((src, offs.astype(jnp.float32), idx, num, pad), None, "int32 or int64"),
+            ((src, offs, idx, num, pad.astype(jnp.float64)), None, "differ in dtype")):
+        expect_invalid(msg, g, *args, **({"out": out} if out else {}))
+    for dt in SUB_BYTE:
+        expect_invalid("sub-byte", g, src.astype(dt), offs, idx, num, pad.astype(dt),
+                       out=((2, 2, 3), dt))
+    # batch dims that disagree, and a result without the full batch
+    bsrc = jnp.stack([src, src])
+    expect_invalid("batch dim 0 differs between operands (2 and 3)", g, bsrc, offs[None],
+                   jnp.zeros((3, 2), jnp.int32), num[None], pad[None],
+                   out=((2, 2, 2, 3), jnp.float32), nbatch=1)
+    expect_invalid("result (1, 2, 2, 3) does not fit src (2, 5, 2, 3)", g, bsrc, offs[None],
+                   idx[None], num[None], pad[None], out=((1, 2, 2, 3), jnp.float32), nbatch=1)
+    # wild positions without bounds checks: clamped into src
+    wild = jnp.array([I64_MAX, I64_MIN, -1, 4, 2 ** 40], jnp.int64)
+    for o in ([I64_MAX], [I64_MIN], [2]):
+        got = g(src, jnp.array(o, jnp.int64), wild, jnp.array(5, jnp.int64), pad,
+                out=((5, 2, 3), jnp.float32), check_bounds=False)
+        assert_bits_equal(got, ref_gather(np.asarray(src), o, 0, np.asarray(wild),
+                                          check_bounds=False, align_bytes=None))
+    # one src for three batch elements (a broadcast batch dim), per-element pads
+    bidx = jnp.array([[0, 4], [7, 1], [-1, 2]], jnp.int32)
+    bpad = jnp.array([1.0, 2.0, 3.0], jnp.float32)
+    got = g(src[None], offs[None], bidx, jnp.array([2, 2, 1], jnp.int64), bpad,
+            out=((3, 2, 2, 3), jnp.float32), nbatch=1)
+    want = [ref_gather(np.asarray(src), [0], 0, i, num_indices=k, pad_value=p, align_bytes=None)
+            for i, k, p in zip(np.asarray(bidx), [2, 2, 1], [1.0, 2.0, 3.0])]
+    assert_bits_equal(got, np.stack(want))
+    # scatter-add: the cotangent must hold the gather's result shape
+    s0 = dict(dim=0, nbatch=0, check_bounds=True)
+    ct = jnp.ones((2, 2, 3), jnp.float32)
+    s = lambda *a, out=((5, 2, 3), jnp.float32), **kw: ffi_scatter_v2(  # noqa: E731
+        *a, out=out, **(s0 | kw))
+    want = np.zeros((5, 2, 3), np.float32)
+    want[0] += 1
+    want[4] += 1
+    assert_bits_equal(s(ct, offs, idx, num), want)
+    for args, out, msg in (
+            ((jnp.ones((3, 2, 3), jnp.float32), offs, idx, num), None,
+             "cotangent (3, 2, 3) does not fit result (5, 2, 3) and n = 2"),
+            ((jnp.ones((2, 2, 2), jnp.float32), offs, idx, num), None,
+             "row_len 2 is shorter than the last src dimension 3"),
+            ((ct, jnp.zeros(2, jnp.int64), idx, num), None, "must hold dim + 1 = 1"),
+            ((ct, offs, idx, num), ((5, 2, 3), jnp.float64), "differ in dtype"),
+            ((ct.astype(jnp.bool_), offs, idx, num), ((5, 2, 3), jnp.bool_), "unsupported dtype")):
+        expect_invalid(msg, s, *args, **({"out": out} if out else {}))
+    # three batch elements accumulate into one result (a broadcast batch dim of the result)
+    got = s(jnp.ones((3, 2, 2, 3), jnp.float32), offs[None], bidx, jnp.array([2], jnp.int64),
+            out=((1, 5, 2, 3), jnp.float32), nbatch=1)
+    want = np.zeros((5, 2, 3), np.float32)
+    for r in (0, 4, 1, 2):  # 7 and -1 are out of range
+        want[r] += 1
+    assert_bits_equal(got, want[None])
+
+
 # --- direct FFI calls -----------------------------------------------------------------
 
 def _attrs(kw):
@@ -467,6 +593,21 @@ def ffi_gather(*args, out, **attrs):
 
 def ffi_scatter(*args, out, **attrs):
     f = jax.ffi.ffi_call("jax_ext_scatter_add_v1", jax.ShapeDtypeStruct(*out))
+    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+
+
+def ffi_select_v2(c, x, y, out_shape, dtype, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_select_v2", jax.ShapeDtypeStruct(out_shape, dtype))
+    return np.asarray(jax.block_until_ready(f(c, x, y, **_attrs(attrs))))
+
+
+def ffi_gather_v2(*args, out, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_gather_v2", jax.ShapeDtypeStruct(*out))
+    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+
+
+def ffi_scatter_v2(*args, out, **attrs):
+    f = jax.ffi.ffi_call("jax_ext_scatter_add_v2", jax.ShapeDtypeStruct(*out))
     return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
 
 

@@ -37,7 +37,7 @@ def _ceil_to(n, m):
     return -(-n // m) * m
 
 
-def _rows(rows, start, idx, *, k=None, pad=f32(0), width=None, check=True):
+def _rows(rows, start, idx, *, k=None, pad=0.0, width=None, check=True):
     """numpy reference of a gather from `rows` (row r is rows[r]): out[i] is rows[start +
     idx[i]] for i < k when in range (clamped without check), else pad; each row's last
     dim padded with pad to `width`."""
@@ -141,6 +141,7 @@ def test_the_artifacts_cover_every_released_target_from_both_jax_ends():
         assert targets == set(RELEASED)
 
 
+@pytest.mark.skipif(not jax_ext.native_available(), reason="needs the native module")
 def test_released_targets_are_in_export_checks():
     text = " ".join(map(str, jax_ext.export_checks()))
     for t in RELEASED:
