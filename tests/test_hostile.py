@@ -581,34 +581,35 @@ def _attrs(kw):
     return out
 
 
+def _ffi(target, out, *args, **attrs):
+    f = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(*out))
+    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+
+
+# The *_v1 targets (shapes and strides as attributes) and the *_v2 ones (shapes from the
+# buffers).
 def ffi_select(c, x, y, out_shape, dtype, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_select_v1", jax.ShapeDtypeStruct(out_shape, dtype))
-    return np.asarray(jax.block_until_ready(f(c, x, y, **_attrs(attrs))))
-
-
-def ffi_gather(*args, out, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_gather_v1", jax.ShapeDtypeStruct(*out))
-    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
-
-
-def ffi_scatter(*args, out, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_scatter_add_v1", jax.ShapeDtypeStruct(*out))
-    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+    return _ffi("jax_ext_select_v1", (out_shape, dtype), c, x, y, **attrs)
 
 
 def ffi_select_v2(c, x, y, out_shape, dtype, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_select_v2", jax.ShapeDtypeStruct(out_shape, dtype))
-    return np.asarray(jax.block_until_ready(f(c, x, y, **_attrs(attrs))))
+    return _ffi("jax_ext_select_v2", (out_shape, dtype), c, x, y, **attrs)
+
+
+def ffi_gather(*args, out, **attrs):
+    return _ffi("jax_ext_gather_v1", out, *args, **attrs)
 
 
 def ffi_gather_v2(*args, out, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_gather_v2", jax.ShapeDtypeStruct(*out))
-    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+    return _ffi("jax_ext_gather_v2", out, *args, **attrs)
+
+
+def ffi_scatter(*args, out, **attrs):
+    return _ffi("jax_ext_scatter_add_v1", out, *args, **attrs)
 
 
 def ffi_scatter_v2(*args, out, **attrs):
-    f = jax.ffi.ffi_call("jax_ext_scatter_add_v2", jax.ShapeDtypeStruct(*out))
-    return np.asarray(jax.block_until_ready(f(*args, **_attrs(attrs))))
+    return _ffi("jax_ext_scatter_add_v2", out, *args, **attrs)
 
 
 def expect_runtime_error(msg, fn, *args, **kw):
