@@ -98,7 +98,7 @@ inline void StreamFence() {
 // A fresh result buffer of many MiB is mapped by the kernel one 4 KiB page fault at a
 // time on first write, and those faults cost more than the copy itself. Asking for
 // transparent huge pages on the buffer's 2 MiB-aligned interior cuts them 512-fold. A
-// buffer the allocator is reusing (its first page already resident) is left alone:
+// buffer the allocator is reusing (already resident, see FreshInterior) is left alone:
 // there the hint only adds compaction work. Failure is ignored.
 constexpr uintptr_t kHugeBytes = uintptr_t{2} << 20;
 
