@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from ._config import implementation
 from ._gather import gather
-from . import _scatter_add  # noqa: F401  (registers gather's transpose)
 from .auto.explain import Decision, explain
 from .auto.tuning import Report as TuningReport, tune, tuning
 from ._names import TARGETS as _TARGETS

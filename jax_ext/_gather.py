@@ -19,13 +19,16 @@ dtype: the kernel reads any width and signedness and adds it to ``offsets[dim]``
 128-bit arithmetic, which is exact for uint64 indices too (a conversion to int64 would
 cost a pass and wrap uint64 values >= 2**63 into range).
 
-Its transpose with respect to ``src`` is the scatter-add primitive of ``_scatter_add.py``
-(which imports this module; gather's transpose imports it when it runs).
+Its transpose with respect to ``src`` is the scatter-add primitive of ``_scatter_add.py``,
+whose own transpose is this gather (both primitives live in ``_primitives.py``); the row
+and batch geometry they share is in ``_rows.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import jax
@@ -33,13 +36,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from . import _compat, _config, _lowering, _names
+from . import _compat, _config, _lowering, _names, _rows
+# gather's transpose binds the scatter-add, whose rules _scatter_add registers
+from . import _scatter_add  # noqa: F401
+from ._primitives import gather_p, scatter_add_p
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
                       is_extended, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 
 Zero = _compat.Zero
 
-gather_p = _compat.Primitive(_names.GATHER.primitive)  # its rules are registered at the end
 
 def _is_int_dtype(dt) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
@@ -400,42 +405,13 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
 
 # --- shapes -------------------------------------------------------------------------
 
-def _batch_shape(avals, nbatch):
-    """The full batch shape: per dim, the extent of the operands that are not broadcast
-    along it (those have 1). Not the largest extent: a vmap over 0 examples has batch 0,
-    and a symbolic extent (jax.export) cannot be compared with another."""
-    out = []
-    for j in range(nbatch):
-        sizes = [a.shape[j] for a in avals if not _is_one(a.shape[j])]
-        out.append(sizes[0] if sizes else 1)
-    return tuple(out)
-
-
-def _is_one(d) -> bool:
-    """d == 1 for an int; for a symbolic dim, only when it is the constant 1."""
-    return isinstance(d, (int, np.integer)) and int(d) == 1
-
-
-def _check_batch(name, a, bshape, nbatch, rest_rank):
-    if a.ndim != nbatch + rest_rank or any(
-            a.shape[j] not in (1, bshape[j]) for j in range(nbatch)):
-        raise ValueError(f"jax_ext_gather: {name} {_fmt(a.shape)} does not fit batch "
-                         f"{_fmt(bshape)}")
-
-
-def _batch_spec_candidates(avals, bshape):
-    """Per batch dim, the spec entries of the operands that carry it at full size."""
-    return [[_compat.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
-            for j, b in enumerate(bshape)]
-
-
 def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
                           impl):
-    bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
+    bshape = _rows.batch_shape((src, offsets, index, num, pad), nbatch)
     sshape = src.shape[nbatch:]
     for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
                        ("num_indices", num, 0), ("pad_value", pad, 0)):
-        _check_batch(name, a, bshape, nbatch, r)
+        _rows.check_batch(_names.GATHER.primitive, name, a, bshape, nbatch, r)
     if (offsets.shape[-1] != dim + 1 or offsets.dtype not in (np.int32, np.int64)
             or num.dtype not in (np.int32, np.int64)):
         raise TypeError("jax_ext_gather: offsets/num_indices must be int32/int64 of the right "
@@ -447,81 +423,102 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
     shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
     avals = (src, offsets, index, num, pad)
     ss = _compat.spec_entries(src)[nbatch:]
-    spec = _lowering.merge_specs("jax_ext_gather", _batch_spec_candidates(avals, bshape) + [
+    spec = _lowering.merge_specs("jax_ext_gather", _rows.batch_spec_candidates(avals, bshape) + [
         [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
         [ss[-1]] if sshape[-1] == row_len else []])
     return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
                                 weak_type=bool(src.weak_type))
 
 
-# --- which rows are real: shared by the lax paths, the JVP and the pad gradient -----
-
-def _rows(offsets, index, num, *, sshape, dim, check_bounds):
-    """For operands with leading (broadcastable) batch dims: (valid, row), both of the
-    broadcast batch shape + (n,). `row` is the flat row of one src viewed as
-    (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
-    for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one; `row` is then
-    narrowed to the index dtype of _row_dtype."""
-    n = index.shape[-1]
-    wide = offsets.dtype  # the carrier: int64, or int32 without jax_enable_x64
-    ok = jnp.ones(offsets.shape[:-1], bool)
-    p = jnp.zeros(offsets.shape[:-1], wide)
-    for k in range(dim):
-        o, s = offsets[..., k], sshape[k]
-        inr = (o >= 0) & (o < s)
-        ok = ok & (inr if check_bounds else (s > 0))
-        p = p * s + jnp.clip(o, 0, max(s - 1, 0))
-    R = sshape[dim]
-    odim = offsets[..., dim][..., None]
-    if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(wide).itemsize:
-        # unsigned values at or above 2**(bits-1) do not fit: shift both terms by it.
-        mn = np.array(np.iinfo(wide).min, wide)
-        big = index >= np.array(np.iinfo(wide).max, index.dtype) + np.array(1, index.dtype)
-        x = jnp.where(big, odim ^ mn, odim)
-        y = jnp.where(big, lax.bitcast_convert_type(index, wide) ^ mn, index.astype(wide))
-        huge = big & (odim >= 0)  # r >= 2**(bits-1): beyond every row
-    else:
-        x, y, huge = odim, index.astype(wide), None
-    r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
-    ovf = ((x >= 0) == (y >= 0)) & ((r >= 0) != (x >= 0))
-    neg = jnp.where(ovf, x < 0, r < 0)
-    over = jnp.where(ovf, x >= 0, r >= R)
-    if huge is not None:
-        neg, over = neg & ~huge, over | huge
-    inr = ~neg & ~over
-    rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
-    live = jnp.arange(n, dtype=wide) < num[..., None].astype(wide)
-    if check_bounds:
-        valid = ok[..., None] & inr & live
-    else:
-        valid = ok[..., None] & live & (R > 0)
-    row = jnp.where(valid, p[..., None] * R + rc, 0)
-    return valid, row.astype(_row_dtype(sshape[:dim + 1], wide))
-
-
-def _row_dtype(dims, carrier):
-    """The dtype the lax paths hand XLA their row ids in: int32 when the flat row count
-    (one past the largest id, which the scatter-add uses for pad rows) fits it, as jnp
-    narrows its gather and scatter indices; else the carrier (int64 under x64; a symbolic
-    count, as in jax.export, cannot be shown to fit). Not only smaller: XLA's SPMD
-    partitioner aborts the process on a scatter whose int64 indices are sharded unevenly
-    (it pads them with an int32 constant)."""
-    total = 1
-    for d in dims:
-        if not isinstance(d, (int, np.integer)):
-            return carrier
-        total *= int(d)
-    return np.dtype(np.int32) if total <= np.iinfo(np.int32).max else carrier
-
-
-def _pad_mask(valid, last, row_len, mid):
-    """True at every padded position of a result: bshape + (n, *mid, row_len)."""
-    col = jnp.arange(row_len) >= last
-    v = valid.reshape(valid.shape + (1,) * len(mid) + (1,))
-    return ~v | col
-
-
 # --- lax implementations --------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _LaxGeometry:
+    """What the ops of the lax gather share: the result's shape (with the byte view's
+    trailing dim), and under explicit mesh axes its spec, which every op states."""
+    bshape: tuple
+    n: Any
+    mid: tuple
+    last: Any
+    rows: Any         # prod(src_shape[:dim + 1]): src's rows in one dim
+    ex: tuple         # the byte view's trailing dim, or ()
+    row_shape: tuple  # one row of the result, unpadded
+    shape: tuple      # the result before padding columns
+    sharding: Any     # the result's NamedSharding under explicit axes, else None
+    spec: tuple       # the result's spec entries, the padded last dim unsharded
+
+    def bcast(self, x, shape, spec=None):
+        """broadcast_in_dim of x (of shape's rank), with the result sharding spelled out
+        under explicit axes."""
+        spec = self.spec if spec is None else spec
+        out = None if self.sharding is None else jax.sharding.NamedSharding(
+            self.sharding.mesh, jax.sharding.PartitionSpec(*spec))
+        return lax.broadcast_in_dim(x, shape, tuple(range(len(shape))), out_sharding=out)
+
+
+def _lax_geometry(src, avals, *, dim, row_len, nbatch, params) -> _LaxGeometry:
+    bshape = _rows.batch_shape(avals, nbatch)
+    sshape = src.shape[nbatch:]
+    mid, last, n = tuple(sshape[dim + 1:-1]), sshape[-1], avals[2].shape[-1]
+    # The gather feeds a select and a pad in one fused loop: bytes (see exact_view).
+    ex = _lowering.view_dims(src.dtype, bytes=True)
+    row_shape = mid + (last,) + ex
+    out_aval = _gather_abstract_eval(*avals, dim=dim, row_len=row_len, nbatch=nbatch, **params)
+    # Under explicit mesh axes every op states its result's sharding: the result's spec,
+    # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
+    # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
+    # turns -0.0 into +0.0 and quiets signalling NaNs).
+    o = _compat.spec_entries(out_aval)
+    o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
+    return _LaxGeometry(bshape, n, mid, last, math.prod(sshape[:dim + 1]), ex, row_shape,
+                        bshape + (n,) + row_shape, _lowering.explicit_sharding(out_aval, ex), o)
+
+
+def _lax_take(geo: _LaxGeometry, src, sv, row, nbatch):
+    """The rows of src (viewed as sv) at `row`: one lax.gather keeping the batch dims as
+    batching dims; every row a pad row where src has none."""
+    if _lowering.definitely_zero(math.prod(src.shape) * geo.rows):
+        return geo.bcast(jnp.zeros((1,) * len(geo.shape), sv.dtype), geo.shape)
+    full = [j for j in range(nbatch)
+            if src.shape[j] == geo.bshape[j] and not _rows.is_one(geo.bshape[j])]
+    k, o = len(full), geo.spec
+    # src without its broadcast (size-1) batch dims, its rows in one dim.
+    flat = sv.reshape(tuple(src.shape[j] for j in full) + (geo.rows,) + geo.row_shape)
+    ids = geo.bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
+                    geo.bshape + (geo.n, 1), o[:nbatch + 1] + (None,))
+    if geo.sharding is not None:
+        flat = jax.sharding.reshard(flat, jax.sharding.NamedSharding(
+            geo.sharding.mesh, jax.sharding.PartitionSpec(
+                *[o[j] for j in full], None, *o[nbatch + 1:])))
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(geo.row_shape))),
+        collapsed_slice_dims=(k,), start_index_map=(k,),
+        operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
+    # Rows are clamped into range by _rows.rows: no bounds handling left for XLA.
+    take = lambda f, i: lax.gather(  # noqa: E731
+        f, i, dnums, (1,) * (k + 1) + geo.row_shape,
+        mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+    if geo.sharding is not None:  # jax's gather cannot infer every result sharding
+        take = jax.sharding.auto_axes(take, out_sharding=geo.sharding)
+    return take(flat, ids)
+
+
+def _lax_pads(geo: _LaxGeometry, g, valid, pad, pv, row_len, nbatch):
+    """Pad rows selected in, padding columns added."""
+    ones = (1,) * (len(geo.mid) + 1)
+    v = geo.bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
+                                + (1,) * len(geo.ex)), geo.shape)
+    pb = pv.reshape(pad.shape + (1,) + ones + geo.ex)
+    g = lax.select_n(v, geo.bcast(pb, geo.shape), g)
+    if row_len == geo.last:
+        return g
+    extra = row_len - geo.last
+    if pad.size == 1 and not geo.ex:
+        return lax.pad(g, pv.reshape(()), [(0, 0, 0)] * (g.ndim - 1) + [(0, extra, 0)])
+    # a batched pad value, or bytes: one column block
+    cols = geo.shape[:nbatch + 1 + len(geo.mid)] + (extra,) + geo.ex
+    return jnp.concatenate([g, geo.bcast(pb, cols)], axis=nbatch + 1 + len(geo.mid))
+
 
 def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
     """One lax.gather of whole rows, pad rows selected in, pad columns added: ops XLA fuses
@@ -533,68 +530,14 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
     the kernels' partitioning rule (`partition_lax` below), under explicit axes by the
     sharding spelled out here; only XLA's own partitioning of auto axes elsewhere (other
     platforms, the GSPMD partitioner) masks and all-reduces, as for jnp.take."""
-    bshape = _batch_shape((src, offsets, index, num, pad), nbatch)
-    sshape = src.shape[nbatch:]
-    n = index.shape[-1]
-    mid = tuple(sshape[dim + 1:-1])
-    last = sshape[-1]
-    rows = math.prod(sshape[:dim + 1])
-    # The gather feeds a select and a pad in one fused loop: bytes (see exact_view).
-    ex = _lowering.view_dims(src.dtype, bytes=True)
-    valid, row = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
+    avals = tuple(map(jax.typeof, (src, offsets, index, num, pad)))
+    geo = _lax_geometry(src, avals, dim=dim, row_len=row_len, nbatch=nbatch,
+                        params=dict(check_bounds=check_bounds, impl=impl))
+    valid, row = _rows.rows(offsets, index, num, sshape=src.shape[nbatch:], dim=dim,
+                            check_bounds=check_bounds)
     sv, pv = _lowering.exact_view(src, bytes=True), _lowering.exact_view(pad, bytes=True)
-    row_shape = mid + (last,) + ex
-    shape = bshape + (n,) + row_shape
-    ones = (1,) * (len(mid) + 1)
-    out_aval = _gather_abstract_eval(*map(jax.typeof, (src, offsets, index, num, pad)),
-                                     dim=dim, row_len=row_len, check_bounds=check_bounds,
-                                     nbatch=nbatch, impl=impl)
-    # Under explicit mesh axes every op states its result's sharding: the result's spec,
-    # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
-    # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
-    # turns -0.0 into +0.0 and quiets signalling NaNs).
-    sharding = _lowering.explicit_sharding(out_aval, ex)
-    o = _compat.spec_entries(out_aval)
-    o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
-    bcast = lambda x, shp, spec=o: lax.broadcast_in_dim(  # noqa: E731
-        x, shp, tuple(range(len(shp))), out_sharding=None if sharding is None else
-        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec)))
-    if _lowering.definitely_zero(math.prod(src.shape) * rows):
-        g = bcast(jnp.zeros((1,) * len(shape), sv.dtype), shape)  # every row is a pad row
-    else:
-        full = [j for j in range(nbatch) if src.shape[j] == bshape[j] and not _is_one(bshape[j])]
-        # src without its broadcast (size-1) batch dims, its rows in one dim.
-        keep = tuple(src.shape[j] for j in full)
-        flat = sv.reshape(keep + (rows,) + row_shape)
-        k = len(full)
-        ids = bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
-                    bshape + (n, 1), o[:nbatch + 1] + (None,))
-        if sharding is not None:
-            flat = jax.sharding.reshard(flat, jax.sharding.NamedSharding(
-                sharding.mesh, jax.sharding.PartitionSpec(
-                    *[o[j] for j in full], None, *o[nbatch + 1:])))
-        dnums = lax.GatherDimensionNumbers(
-            offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
-            collapsed_slice_dims=(k,), start_index_map=(k,),
-            operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
-        # Rows are clamped into range by _rows: no bounds handling left for XLA.
-        take = lambda f, i: lax.gather(  # noqa: E731
-            f, i, dnums, (1,) * (k + 1) + row_shape, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
-        if sharding is not None:  # jax's gather cannot infer every result sharding: as jnp.take
-            take = jax.sharding.auto_axes(take, out_sharding=sharding)
-        g = take(flat, ids)
-    v = bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
-                            + (1,) * len(ex)), shape)
-    pb = pv.reshape(pad.shape + (1,) + ones + ex)
-    g = lax.select_n(v, bcast(pb, shape), g)
-    if row_len != last:
-        extra = row_len - last
-        if pad.size == 1 and not ex:
-            g = lax.pad(g, pv.reshape(()), [(0, 0, 0)] * (g.ndim - 1) + [(0, extra, 0)])
-        else:  # a batched pad value, or bytes: one column block
-            cols = shape[:nbatch + 1 + len(mid)] + (extra,) + ex
-            g = jnp.concatenate([g, bcast(pb, cols)], axis=nbatch + 1 + len(mid))
-    return _lowering.from_view(g, src.dtype)
+    g = _lax_take(geo, src, sv, row, nbatch)
+    return _lowering.from_view(_lax_pads(geo, g, valid, pad, pv, row_len, nbatch), src.dtype)
 
 
 # --- native lowerings -----------------------------------------------------------------
@@ -616,20 +559,6 @@ def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bo
 # Batch dims, the index dim n, the middle dims and -- when no padding column is added --
 # the last dim shard freely; a size-1 (broadcast) batch dim gets a factor of its own.
 
-def _batch_factors(k, a, bshape, names):
-    return [names[j] if a.shape[j] == bshape[j] else f"z{k}_{j}" for j in range(len(bshape))]
-
-
-def _batch_spec(o, a, bshape):
-    """The batch part of operand `a`'s spec: the result's entry `o[j]` where `a` has the
-    full batch extent, None where it is broadcast (size 1)."""
-    return [o[j] if a.shape[j] == bshape[j] else None for j in range(len(bshape))]
-
-
-def _nonunit(o, shape):
-    return [None if n == 1 else e for n, e in zip(shape, o)]
-
-
 def _gather_spmd_rule(avals_in, aval_out, *, dim, row_len, nbatch, **_):
     bshape = aval_out.shape[:nbatch]
     src = avals_in[0]
@@ -638,11 +567,11 @@ def _gather_spmd_rule(avals_in, aval_out, *, dim, row_len, nbatch, **_):
     mid = [f"m{i}" for i in range(len(sshape) - dim - 2)]
     shared = sshape[-1] == row_len  # no padding columns: the last dim shards too
     fixed = [f"s{i}" for i in range(dim + 1)]
-    f_in = [_batch_factors(0, src, bshape, b) + fixed + mid + ["l" if shared else "sl"],
-            _batch_factors(1, avals_in[1], bshape, b) + ["q"],
-            _batch_factors(2, avals_in[2], bshape, b) + ["n"],
-            _batch_factors(3, avals_in[3], bshape, b),
-            _batch_factors(4, avals_in[4], bshape, b)]
+    f_in = [_rows.batch_factors(0, src, bshape, b) + fixed + mid + ["l" if shared else "sl"],
+            _rows.batch_factors(1, avals_in[1], bshape, b) + ["q"],
+            _rows.batch_factors(2, avals_in[2], bshape, b) + ["n"],
+            _rows.batch_factors(3, avals_in[3], bshape, b),
+            _rows.batch_factors(4, avals_in[4], bshape, b)]
     f_out = b + ["n"] + mid + ["l" if shared else "ol"]
     return f_in, f_out, tuple(fixed + ["q"] + ([] if shared else ["sl", "ol"]))
 
@@ -655,10 +584,10 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     bshape = aval_out.shape[:nbatch]
     src, n = avals_in[0], avals_in[2].shape[-1]
     shared = src.shape[-1] == row_len
-    o = _nonunit(o, aval_out.shape)
+    o = _rows.nonunit(o, aval_out.shape)
     if not shared:
         o[-1] = None
-    in_specs = [_batch_spec(o, a, bshape) for a in avals_in]
+    in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
     in_specs[0] += [None] * (dim + 1) + o[nbatch + 1:]
     in_specs[1] += [None]
     in_specs[2] += [o[nbatch]]
@@ -686,9 +615,10 @@ def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
     if type(ts) is Zero:
         # Only pad_value moves: its tangent at every padded position, 0 elsewhere.
         sshape = src.shape[nbatch:]
-        valid, _ = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
+        valid, _ = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
+                              check_bounds=check_bounds)
         mid = tuple(sshape[dim + 1:-1])
-        mask = _pad_mask(valid, sshape[-1], row_len, mid)
+        mask = _rows.pad_mask(valid, sshape[-1], row_len, mid)
         tpb = tp.reshape(tp.shape + (1,) * (1 + len(mid) + 1))
         t = jnp.where(mask, tpb, jnp.zeros((), tp.dtype))
         return out, jnp.broadcast_to(t, out.shape).astype(out.dtype)
@@ -713,14 +643,14 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
             outs[4] = Zero(pad.aval)
         return outs
     if s_undef:
-        from ._scatter_add import scatter_add_p  # it imports this module
         outs[0] = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
                                      out_bshape=tuple(src_aval.shape[:nbatch]),
                                      check_bounds=check_bounds, nbatch=nbatch, impl=impl)
         outs[0] = _like_primal(outs[0], src_aval)
     if p_undef:
-        valid, _ = _rows(offsets, index, num, sshape=sshape, dim=dim, check_bounds=check_bounds)
-        mask = _pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
+        valid, _ = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
+                              check_bounds=check_bounds)
+        mask = _rows.pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
         masked = jnp.where(mask, ct, jnp.zeros((), ct.dtype))
         t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
         outs[4] = sum_to_shape(t, pad.aval.shape).astype(pad.aval.dtype)
@@ -743,15 +673,8 @@ def _like_primal(t, aval):
 
 # --- batching ---------------------------------------------------------------------------
 
-def _lead(x, bd):
-    """Moves the new batch dim to the front, or adds a size-1 one (broadcast)."""
-    if bd is None:
-        return lax.expand_dims(x, (0,))
-    return jnp.moveaxis(x, bd, 0)
-
-
 def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch, impl):
-    args = [_lead(a, bd) for a, bd in zip(args, bdims)]
+    args = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     # Some operand is batched (register_batcher binds directly otherwise), so the
     # result's new dim has its extent, axis_size.
     out = gather_p.bind(*args, dim=dim, row_len=row_len, check_bounds=check_bounds,

@@ -6,8 +6,8 @@ the gather read: row ``i`` goes to ``offsets[0], ..., offsets[dim-1], offsets[di
 index[i]``; pad rows and padding columns add nothing. Static params as gather's (``dim``,
 ``check_bounds``, ``nbatch``, ``impl``), plus ``src_shape`` (one src) and ``out_bshape``
 (the result's batch dims, 1 where several batch elements accumulate into one result).
-Its rules bind gather and gather's transpose binds it: this module imports the gather
-module, gather's transpose imports this one when it runs.
+Its transpose binds gather, and gather's transpose binds it (both primitives live in
+``_primitives.py``; _gather.py imports this module, never the other way).
 """
 from __future__ import annotations
 
@@ -18,24 +18,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat, _lowering, _names
-from ._gather import (_batch_factors, _batch_shape, _batch_spec, _batch_spec_candidates,
-                      _is_one, _lead, _nonunit, _rows, gather_p)
+from . import _compat, _lowering, _names, _rows
+from ._primitives import gather_p, scatter_add_p
 
 Zero = _compat.Zero
 
-# its rules are registered at the end
-scatter_add_p = _compat.Primitive(_names.SCATTER_ADD.primitive)
 
 
 def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
                            check_bounds, nbatch, impl):
-    bshape = _batch_shape((ct, offsets, index, num), nbatch)
+    bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
         raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
     avals = (ct, offsets, index, num)
     cs = _compat.spec_entries(ct)[nbatch:]
-    bspec = _batch_spec_candidates(avals, bshape)
+    bspec = _rows.batch_spec_candidates(avals, bshape)
     spec = _lowering.merge_specs("jax_ext_scatter_add", [
         c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
         []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
@@ -58,7 +55,7 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     gives, so XLA partitions a sharded batch without communication; one the result sums
     over (out_bshape 1) is scattered like the index dim. Pad rows point past the end and
     are dropped."""
-    bshape = _batch_shape((ct, offsets, index, num), nbatch)
+    bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     n = index.shape[-1]
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
@@ -73,9 +70,11 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
 
     def named(*spec):  # on the operands' mesh: a bare PartitionSpec needs jax.set_mesh
         return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
-    valid, row = _rows(offsets, index, num, sshape=src_shape, dim=dim, check_bounds=check_bounds)
+    valid, row = _rows.rows(offsets, index, num, sshape=src_shape, dim=dim,
+                            check_bounds=check_bounds)
     row = jnp.where(valid, row, rows)  # past the end: dropped
-    full = [j for j in range(nbatch) if out_bshape[j] == bshape[j] and not _is_one(bshape[j])]
+    full = [j for j in range(nbatch)
+            if out_bshape[j] == bshape[j] and not _rows.is_one(bshape[j])]
     keep = tuple(bshape[j] for j in full)
     row_shape = mid + (last,)
     ids = row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None]
@@ -122,16 +121,17 @@ def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch
     """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
     result has as 1) are replicated, so every element sums its contributions in index
     order as on one device (exact, deterministic) at the cost of gathering ct."""
-    bshape = _batch_shape(avals_in, nbatch)
+    bshape = _rows.batch_shape(avals_in, nbatch)
     full = [out_bshape[j] == bshape[j] for j in range(nbatch)]
     b = [f"b{j}" if full[j] else f"a{j}" for j in range(nbatch)]
     mid = [f"m{i}" for i in range(len(src_shape) - dim - 2)]
     shared = avals_in[0].shape[-1] == src_shape[-1]
     fixed = [f"s{i}" for i in range(dim + 1)]
-    f_in = [_batch_factors(0, avals_in[0], bshape, b) + ["n"] + mid + ["l" if shared else "cl"],
-            _batch_factors(1, avals_in[1], bshape, b) + ["q"],
-            _batch_factors(2, avals_in[2], bshape, b) + ["n"],
-            _batch_factors(3, avals_in[3], bshape, b)]
+    f_in = [_rows.batch_factors(0, avals_in[0], bshape, b) + ["n"] + mid
+            + ["l" if shared else "cl"],
+            _rows.batch_factors(1, avals_in[1], bshape, b) + ["q"],
+            _rows.batch_factors(2, avals_in[2], bshape, b) + ["n"],
+            _rows.batch_factors(3, avals_in[3], bshape, b)]
     f_out = [b[j] if full[j] else f"ob{j}" for j in range(nbatch)] + fixed + mid + \
         ["l" if shared else "sl"]
     rep = fixed + ["n", "q"] + [b[j] for j in range(nbatch) if not full[j]]
@@ -140,17 +140,17 @@ def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch
 
 def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape, out_bshape,
                             nbatch, **params):
-    bshape = _batch_shape(avals_in, nbatch)
+    bshape = _rows.batch_shape(avals_in, nbatch)
     ct = avals_in[0]
     shared = ct.shape[-1] == src_shape[-1]
-    o = _nonunit(o, aval_out.shape)
+    o = _rows.nonunit(o, aval_out.shape)
     for j in range(nbatch):
         if out_bshape[j] != bshape[j]:
             o[j] = None
     o[nbatch:nbatch + dim + 1] = [None] * (dim + 1)
     if not shared:
         o[-1] = None
-    in_specs = [_batch_spec(o, a, bshape) for a in avals_in]
+    in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
     in_specs[0] += [None] + o[nbatch + dim + 1:]
     in_specs[1] += [None]
     in_specs[2] += [None]
@@ -194,7 +194,7 @@ def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bsha
 
 def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_bounds, nbatch,
                    impl):
-    ct, offsets, index, num = [_lead(a, bd) for a, bd in zip(args, bdims)]
+    ct, offsets, index, num = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     if bdims[0] is None:
         # ct always carries the full batch shape (its transpose, gather, returns it).
         ct = jnp.broadcast_to(ct, (axis_size,) + ct.shape[1:])

@@ -22,13 +22,13 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from . import _compat, _config, _lowering, _names
+from ._primitives import select_p
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
                       is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 
-select_p = _compat.Primitive(_names.SELECT.primitive)  # its rules are registered at the end
 
 # --- front-end helpers --------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from jax import lax
 import jax_ext
 from jax_ext import _lowering
 from jax_ext.auto import costs
-from helpers import assert_bits_equal
+from references import assert_bits_equal, bits_equal
 
 BIG = 1 << 16  # elements: enough work for auto's thresholds in f32
 MEASURED_ON = "0.10.2"  # the jaxlib _lowering.XLA_INEXACT was measured on
@@ -39,11 +39,6 @@ def _random_bits(rng, dt, shape):
     return rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8).view(dt).reshape(shape)
 
 
-def _bits_equal(a, b):
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
 @pytest.mark.parametrize("name", [n for n in DTYPES if hasattr(ml_dtypes, n) or hasattr(np, n)])
 def test_xla_select_exactness_per_dtype_is_pinned(name):
     """The finding _lowering.XLA_INEXACT rests on: XLA:CPU's own select and pad rewrite the
@@ -56,7 +51,7 @@ def test_xla_select_exactness_per_dtype_is_pinned(name):
     x, y = _random_bits(rng, dt, (4099,)), _random_bits(rng, dt, (4099,))
     plain = jax.jit(lambda c, x, y: lax.select_n(c, y, x))(c, x, y)
     padded = jax.jit(lambda x: lax.pad(x, jnp.zeros((), x.dtype), [(1, 2, 0)]))(x)
-    exact = _bits_equal(plain, np.where(c, x, y)) and _bits_equal(
+    exact = bits_equal(plain, np.where(c, x, y)) and bits_equal(
         padded, np.pad(x, (1, 2)))
     if not exact:
         assert name in _lowering.XLA_INEXACT, f"XLA:CPU rewrites {name}: add it to XLA_INEXACT"
@@ -79,8 +74,8 @@ def test_lax_path_is_exact_where_xla_is_not(name):
     with jax_ext.implementation("native"):
         g_native = jax.jit(lambda s, i, p: jax_ext.gather(s, [0], 0, i, pad_value=p,
                                                           align_bytes=32))(src, idx, pad)
-    assert _bits_equal(got, np.where(c, x, y))
-    assert _bits_equal(g, g_native)
+    assert bits_equal(got, np.where(c, x, y))
+    assert bits_equal(g, g_native)
 
 
 def _fusions(fn, *args):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import IMPLS, assert_bits_equal
+from references import IMPLS, assert_bits_equal
 
 # --- vmap over a batch of size 0 ------------------------------------------------------
 

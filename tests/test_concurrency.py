@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import assert_bits_equal, np_select, random_values
+from references import assert_bits_equal, np_select, random_values
 
 THREADS = 4
 SECONDS = 3.0
@@ -32,7 +32,7 @@ def test_four_threads_select_and_gather(impl):
         src = random_values(rng, (300, 257), np.int16)
         idx = rng.integers(-5, 305, 200).astype(np.int32)
         off, k, pad = int(rng.integers(-3, 4)), int(rng.integers(0, 201)), np.int16(-7 - t)
-        from test_gather import ref_gather
+        from references import ref_gather
         cases.append(dict(
             args=(c, x, y), row=c[:, :1], src=src, off=off, idx=idx, k=k, pad=pad,
             want_where=np_select(c, x, y, shape),

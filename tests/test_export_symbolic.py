@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import IMPLS, assert_bits_equal
+from references import IMPLS, assert_bits_equal
 
 def _rng(seed):
     return np.random.default_rng(seed)

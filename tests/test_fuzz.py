@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jax_ext
-from helpers import (ALL_DTYPES, IMPL_PAIRS, assert_bits_equal, np_select, random_values,
+from references import (ALL_DTYPES, IMPL_PAIRS, assert_bits_equal, np_select, random_values,
                      special_values)
-from test_gather import ref_gather, row_len
+from references import ref_gather, row_len
 
 SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 1
 

@@ -12,82 +12,14 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jax_ext
-from helpers import IMPL_PAIRS, IMPLS, hlo, random_values
-
-ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-              np.uint64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.float16,
-              ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
-INDEX_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
-GRAD_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
-               np.complex128]
-
+from references import (ALL_DTYPES, GRAD_DTYPES, IMPL_PAIRS, IMPLS, INDEX_DTYPES,
+                        assert_bits_equal, hlo, random_values, ref_gather, ref_rows, row_len)
 
 def setup_module(module):
     assert jax_ext.native_available(), "the compiled module must be installed (pip install .)"
 
 
-# --- reference and helpers ------------------------------------------------------------
-
-def row_len(last, itemsize, align):
-    if align is None:
-        return last
-    return -(-last * itemsize // align) * align // itemsize
-
-
-def ref_gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad_value=None,
-               align_bytes=32):
-    """A plain loop over Python ints, copying raw bytes (no NaN canonicalization)."""
-    src = np.asarray(src)
-    dt = src.dtype
-    offsets = [int(o) for o in offsets]
-    index = [int(i) for i in np.asarray(index)]
-    n = len(index)
-    k = n if num_indices is None else min(max(int(num_indices), 0), n)
-    pad = np.zeros((), dt) if pad_value is None else np.asarray(pad_value).astype(dt)
-    L = row_len(src.shape[-1], dt.itemsize, align_bytes)
-    V = np.dtype(f"V{dt.itemsize}")
-    sv = src.view(V) if dt != np.bool_ else src
-    out = np.empty((n,) + src.shape[dim + 1:-1] + (L,), sv.dtype)
-    out[...] = pad.reshape(1).view(V)[0] if dt != np.bool_ else pad
-    for i in range(k):
-        pos = offsets[:dim] + [offsets[dim] + index[i]]
-        if check_bounds:
-            if not all(0 <= p < s for p, s in zip(pos, src.shape)):
-                continue
-        else:
-            if any(s == 0 for s in src.shape[:dim + 1]):
-                continue
-            pos = [min(max(p, 0), s - 1) for p, s in zip(pos, src.shape)]
-        out[i, ..., :src.shape[-1]] = sv[tuple(pos)]
-    return out.view(dt) if dt != np.bool_ else out
-
-
-def ref_rows(src_shape, offsets, dim, index, check_bounds=True, num_indices=None):
-    """(i, position) of every row that gathers real data."""
-    index = [int(i) for i in np.asarray(index)]
-    k = len(index) if num_indices is None else min(max(int(num_indices), 0), len(index))
-    out = []
-    for i in range(k):
-        pos = [int(o) for o in offsets[:dim]] + [int(offsets[dim]) + index[i]]
-        if check_bounds:
-            if not all(0 <= p < s for p, s in zip(pos, src_shape)):
-                continue
-        else:
-            pos = [min(max(p, 0), s - 1) for p, s in zip(pos, src_shape)]
-        out.append((i, tuple(pos)))
-    return out
-
-
-def assert_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    g = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
-    w = np.ascontiguousarray(want).reshape(-1).view(np.uint8)
-    if not np.array_equal(g, w):
-        bad = np.nonzero(g != w)[0][:8]
-        raise AssertionError(f"bytes differ at {bad.tolist()}:\n got {got}\n want {want}")
-
+# --- helpers -------------------------------------------------------------------------
 
 def both(fn, *args, impls=IMPLS, **kw):
     """fn under every implementation (or `impls`); asserts they agree bit for bit, returns
@@ -97,14 +29,14 @@ def both(fn, *args, impls=IMPLS, **kw):
         with jax_ext.implementation(impl):
             outs.append(np.asarray(fn(*args, **kw)))
     for o in outs[1:]:
-        assert_bits(outs[0], o)
+        assert_bits_equal(outs[0], o)
     return outs[0]
 
 
 def check(src, offsets, dim, index, impls=IMPLS, **kw):
     want = ref_gather(src, offsets, dim, index, **kw)
     got = both(jax_ext.gather, src, offsets, dim, index, impls=impls, **kw)
-    assert_bits(got, want)
+    assert_bits_equal(got, want)
     return got
 
 
@@ -177,9 +109,9 @@ def test_offsets_near_int64_limits_traced(impl):
         for a, b in [(0, 0), (2, 3), (2 ** 63 - 1, 0), (-2 ** 63, 0), (1, 2 ** 63 - 1),
                      (1, -2 ** 63), (1, 2 ** 62), (-1, 1)]:
             got = f(src, np.int64(a), np.int64(b), index)
-            assert_bits(got, ref_gather(src, [a, b], 1, index))
+            assert_bits_equal(got, ref_gather(src, [a, b], 1, index))
             g2 = jax_ext.gather(src, [a, b], 1, index, check_bounds=False)
-            assert_bits(g2, ref_gather(src, [a, b], 1, index, check_bounds=False))
+            assert_bits_equal(g2, ref_gather(src, [a, b], 1, index, check_bounds=False))
     assert f._cache_size() == 1
 
 
@@ -210,12 +142,12 @@ def test_num_indices_and_pad_traced_one_compilation(impl):
         for k in [-3, 0, 2, 6, 100, np.iinfo(np.int64).max, np.iinfo(np.int64).min]:
             for p, o in [(0.5, 0), (np.nan, 1), (-np.inf, -1)]:
                 got = f(src, np.int64(k), np.float32(p), np.int32(o))
-                assert_bits(got, ref_gather(src, [o], 0, index, num_indices=k,
+                assert_bits_equal(got, ref_gather(src, [o], 0, index, num_indices=k,
                                             pad_value=np.float32(p)))
     assert f._cache_size() == 1
     with jax_ext.implementation(impl):  # a traced uint64 num_indices above n clamps to n
         got = jax_ext.gather(src, [0], 0, index, num_indices=jnp.uint64(2 ** 64 - 1))
-        assert_bits(got, ref_gather(src, [0], 0, index))
+        assert_bits_equal(got, ref_gather(src, [0], 0, index))
 
 
 @pytest.mark.parametrize("pad", [None, 0, 2.5, float("nan"), -0.0, float("inf")])
@@ -292,8 +224,8 @@ def test_offsets_as_array_and_scalar_arrays():
     src = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     index = np.array([0, 3, 4], np.int32)
     want = ref_gather(src, [1, 1], 1, index)
-    assert_bits(both(jax_ext.gather, src, np.array([1, 1], np.int8), 1, index), want)
-    assert_bits(both(jax_ext.gather, src, (jnp.int16(1), np.uint8(1)), 1, index), want)
+    assert_bits_equal(both(jax_ext.gather, src, np.array([1, 1], np.int8), 1, index), want)
+    assert_bits_equal(both(jax_ext.gather, src, (jnp.int16(1), np.uint8(1)), 1, index), want)
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -401,7 +333,7 @@ def test_grad_against_dense_reference_with_duplicates(dtype, impl):
             with jax_ext.implementation(impl):
                 gs2, gp2 = jax.grad(lambda s, p: jnp.sum(f(s, p) * ct).astype(jnp.float32),
                                     argnums=(0, 1))(src, jnp.zeros((), dtype))
-            assert_bits(gs2, gs)
+            assert_bits_equal(gs2, gs)
         ws, wp = dense_grads(src, [2, 1], dim, index, ct, check_bounds=cb, num_indices=num)
         assert gs.dtype == np.dtype(dtype)
         np.testing.assert_allclose(np.asarray(gs).astype(ws.dtype), ws, rtol=tol, atol=tol * 10)
@@ -515,7 +447,7 @@ def test_vmap_each_operand_and_combinations(in_axes):
     want = _loop(lambda *a: ref_gather(a[0], a[1], 1, a[2], num_indices=a[3], pad_value=a[4]),
                  in_axes, [np.asarray(a) for a in args])
     got = both(jax.jit(jax.vmap(_g, in_axes)), *args)
-    assert_bits(got, want)
+    assert_bits_equal(got, want)
     text = hlo(jax.vmap(_g, in_axes), *args)
     assert text.count("jax_ext_gather_v2") == 1
     assert "stablehlo.while" not in text and "stablehlo.scatter" not in text
@@ -535,7 +467,7 @@ def test_vmap_nested_and_out_axes():
         for b in range(4):
             want = ref_gather(np.asarray(src[:, None].repeat(3, 1).reshape(6, 6, 3)[a]),
                               [int(offs[a])], 0, index[b], num_indices=4)
-            assert_bits(got[:, :, a][b], want)
+            assert_bits_equal(got[:, :, a][b], want)
     text = hlo(g, src[:, None].repeat(3, 1).reshape(6, 6, 3)[:3], offs, index)
     assert text.count("jax_ext_gather_v2") == 1 and "stablehlo.while" not in text
     # three levels, batched src only at the innermost level
@@ -543,7 +475,7 @@ def test_vmap_nested_and_out_axes():
     s3 = jnp.asarray(rng.standard_normal((2, 6, 3)).astype(np.float32))
     got = both(jax.jit(h), s3, offs, index)
     assert got.shape == (3, 4, 2, 5, 8)
-    assert_bits(got[2, 1, 0], ref_gather(np.asarray(s3[0]), [-1], 0, index[1], num_indices=4))
+    assert_bits_equal(got[2, 1, 0], ref_gather(np.asarray(s3[0]), [-1], 0, index[1], num_indices=4))
 
 
 def test_vmap_of_grad_and_grad_of_vmap_stay_native():
@@ -662,7 +594,7 @@ def test_hypothesis_grad(dim, cb, index, off, num, seed):
     got = [_jitted_vjp(impl, dim, cb)(src, offs, index, np.int64(num), ct)
            for impl in next(IMPL_PAIRS)]
     for g in got[1:]:
-        assert_bits(got[0][0], g[0])
+        assert_bits_equal(got[0][0], g[0])
     ws, wp = dense_grads(src, list(offs), dim, index, ct, check_bounds=cb, num_indices=num)
     np.testing.assert_allclose(got[0][0], ws, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[0][1], wp, rtol=1e-12, atol=1e-12)

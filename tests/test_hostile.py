@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import ALL_DTYPES, assert_bits_equal, random_values
+from references import ALL_DTYPES, assert_bits_equal, random_values
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 RuntimeErr = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntimeError
@@ -64,7 +64,7 @@ def run_child(name, timeout=600):
 
 def ref_gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None,
                pad_value=None, align_bytes=32):
-    from test_gather import ref_gather as ref
+    from references import ref_gather as ref
     return ref(src, offsets, dim, index, check_bounds=check_bounds, num_indices=num_indices,
                pad_value=pad_value, align_bytes=align_bytes)
 
@@ -177,7 +177,7 @@ def select_hostile_values():
             for fn in (jax_ext.where, jax_ext.where3,
                        lambda c, x, y: jax_ext.select(c, x, y, auto_broadcast="none")):
                 got = both(fn, c, x, y)
-                from helpers import np_select
+                from references import np_select
                 assert_bits_equal(got, np_select(c, x, y, shape))
     # a 0-d condition against big broadcasts, and empty results from broadcasting
     x = random_values(rng, (1, 7), np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import assert_bits_equal
+from references import assert_bits_equal
 
 IMPLS = ["native", "lax", "auto"]
 C = np.array([True, False, True])

@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 import jax_ext
-from helpers import IMPLS
+from references import IMPLS
 
 KEY_IMPLS = ["threefry2x32", "rbg", "unsafe_rbg"]
 

@@ -22,8 +22,8 @@ import pytest
 from jax import lax
 
 import jax_ext
-from helpers import ALL_DTYPES, IMPLS, assert_bits_equal, np_select, random_values, special_values
-from test_gather import ref_gather
+from references import (ALL_DTYPES, IMPLS, assert_bits_equal, np_select, random_values,
+                        ref_gather, special_values)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LAST = 21  # gather row length: padded to a multiple of 32 bytes for every itemsize but 8

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from helpers import IMPLS
-from test_sharding import KINDS, MATRIX
+from references import IMPLS
+from references import MESH_KINDS as KINDS, SHARDING_MATRIX as MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 420  # both processes together; they are killed past it

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import assert_bits_equal
+from references import assert_bits_equal
 
 _CALL = re.compile(r"custom_call @jax_ext_")
 

@@ -20,7 +20,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_ext
-from helpers import ALL_DTYPES, IMPLS, assert_bits_equal, np_select
+from references import ALL_DTYPES, IMPLS, assert_bits_equal, np_select
 
 # lax_test_util.default_dtypes (floats + ints) and all_dtypes (+ complex, uint, bool)
 DEFAULT_DTYPES = [ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,

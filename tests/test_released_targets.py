@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import assert_bits_equal, np_select, random_values
+from references import assert_bits_equal, np_select, random_values
 
 DATA = pathlib.Path(__file__).parent / "data"
 ARTIFACTS = sorted(p.name for p in DATA.glob("*.jaxexport"))

@@ -13,7 +13,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jax_ext
-from helpers import (ALL_DTYPES, IMPL_PAIRS, IMPLS, assert_bits_equal, hlo, np_select,
+from references import (ALL_DTYPES, IMPL_PAIRS, IMPLS, assert_bits_equal, hlo, np_select,
                      random_values, special_values)
 
 # --- shapes ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from helpers import IMPLS, assert_bits_equal
+from references import IMPLS, assert_bits_equal
 
 T, F = True, False
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import jax_ext
-from helpers import IMPLS
+from references import IMPLS, MESH_KINDS as KINDS, SHARDING_MATRIX as MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NO_COLLECTIVES = [
@@ -39,19 +39,6 @@ OTHER = [
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
 
 
-# The matrix (sharding_checks.MATRIX): each runs under every implementation on both kinds
-# of mesh axes and must give numpy's bits; see each check there for its collective rule.
-MATRIX = [
-    "select_batch_sharded", "where_scalar_sharded", "vmap_select_batch_sharded",
-    "gather_index_sharded", "gather_rows_sharded_exact", "vmap_gather_batch_sharded",
-    "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_gather_index_sharded",
-    "grad_select_batch_sharded",
-    # uneven shards: lengths the mesh does not divide
-    "gather_index_uneven", "grad_gather_index_uneven", "gather_rows_uneven",
-    "grad_gather_rows_uneven", "vmap_gather_batch_uneven", "grad_vmap_gather_batch_uneven",
-    "select_batch_uneven",
-]
-KINDS = ["auto", "explicit", "explicit_noset"]  # sharding_checks.KINDS
 
 
 def _child(mode, outdir, ndev=4, x64=True):

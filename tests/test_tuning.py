@@ -17,7 +17,7 @@ import pytest
 
 import jax_ext
 from jax_ext.auto import tuning
-from helpers import assert_bits_equal
+from references import assert_bits_equal
 
 
 @pytest.fixture(autouse=True)

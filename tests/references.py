@@ -1,4 +1,6 @@
-"""Shared test helpers: dtypes, random bit patterns, bitwise comparison."""
+"""What the tests share: dtype lists, random and special bit patterns, the bitwise
+comparison, and the independent references (numpy on raw bytes, plain Python loops) that
+results are checked against. Test modules import this one, never each other."""
 import itertools
 
 import ml_dtypes
@@ -7,6 +9,9 @@ import numpy as np
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
               np.uint64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.float16,
               ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
+INDEX_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+GRAD_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
+               np.complex128]
 FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
                 np.complex128]
 # Every test parametrized over IMPLS runs all three: the kernels, the lax path (what other
@@ -51,6 +56,13 @@ def bits(a):
     return a.reshape(-1).view(np.uint8), a.shape, a.dtype
 
 
+def bits_equal(got, want) -> bool:
+    """Same shape, dtype and bytes."""
+    g, gs, gd = bits(got)
+    w, ws, wd = bits(want)
+    return gs == ws and gd == wd and np.array_equal(g, w)
+
+
 def assert_bits_equal(got, want):
     g, gs, gd = bits(got)
     w, ws, wd = bits(want)
@@ -90,3 +102,72 @@ def hlo(fn, *args):
         with jax_ext.implementation("native"):
             return jax.jit(fn).lower(*args).as_text()
     return jax.jit(fn).lower(*args).as_text()
+
+
+# --- gather: a plain loop over Python ints -------------------------------------------
+
+def row_len(last, itemsize, align):
+    if align is None:
+        return last
+    return -(-last * itemsize // align) * align // itemsize
+
+
+def ref_gather(src, offsets, dim, index, *, check_bounds=True, num_indices=None, pad_value=None,
+               align_bytes=32):
+    """A plain loop over Python ints, copying raw bytes (no NaN canonicalization)."""
+    src = np.asarray(src)
+    dt = src.dtype
+    offsets = [int(o) for o in offsets]
+    index = [int(i) for i in np.asarray(index)]
+    n = len(index)
+    k = n if num_indices is None else min(max(int(num_indices), 0), n)
+    pad = np.zeros((), dt) if pad_value is None else np.asarray(pad_value).astype(dt)
+    L = row_len(src.shape[-1], dt.itemsize, align_bytes)
+    V = np.dtype(f"V{dt.itemsize}")
+    sv = src.view(V) if dt != np.bool_ else src
+    out = np.empty((n,) + src.shape[dim + 1:-1] + (L,), sv.dtype)
+    out[...] = pad.reshape(1).view(V)[0] if dt != np.bool_ else pad
+    for i in range(k):
+        pos = offsets[:dim] + [offsets[dim] + index[i]]
+        if check_bounds:
+            if not all(0 <= p < s for p, s in zip(pos, src.shape)):
+                continue
+        else:
+            if any(s == 0 for s in src.shape[:dim + 1]):
+                continue
+            pos = [min(max(p, 0), s - 1) for p, s in zip(pos, src.shape)]
+        out[i, ..., :src.shape[-1]] = sv[tuple(pos)]
+    return out.view(dt) if dt != np.bool_ else out
+
+
+def ref_rows(src_shape, offsets, dim, index, check_bounds=True, num_indices=None):
+    """(i, position) of every row that gathers real data."""
+    index = [int(i) for i in np.asarray(index)]
+    k = len(index) if num_indices is None else min(max(int(num_indices), 0), len(index))
+    out = []
+    for i in range(k):
+        pos = [int(o) for o in offsets[:dim]] + [int(offsets[dim]) + index[i]]
+        if check_bounds:
+            if not all(0 <= p < s for p, s in zip(pos, src_shape)):
+                continue
+        else:
+            pos = [min(max(p, 0), s - 1) for p, s in zip(pos, src_shape)]
+        out.append((i, tuple(pos)))
+    return out
+
+
+# --- the sharding matrix (run by tests/sharding_checks.py in child processes) ---------
+
+# Each check runs under every implementation on each kind of mesh and must give numpy's
+# bits; see each check in sharding_checks.py for its collective rule.
+SHARDING_MATRIX = [
+    "select_batch_sharded", "where_scalar_sharded", "vmap_select_batch_sharded",
+    "gather_index_sharded", "gather_rows_sharded_exact", "vmap_gather_batch_sharded",
+    "grad_vmap_gather_batch_sharded", "grad_gather_rows_sharded", "grad_gather_index_sharded",
+    "grad_select_batch_sharded",
+    # uneven shards: lengths the mesh does not divide
+    "gather_index_uneven", "grad_gather_index_uneven", "gather_rows_uneven",
+    "grad_gather_rows_uneven", "vmap_gather_batch_uneven", "grad_vmap_gather_batch_uneven",
+    "select_batch_uneven",
+]
+MESH_KINDS = ["auto", "explicit", "explicit_noset"]  # sharding_checks.KINDS

@@ -1,0 +1,132 @@
+"""Row and batch geometry shared by the gather and its transpose, the scatter-add.
+
+Both ops see one src as rows (its dims 0..dim flattened, the rest a row), carry leading
+batch dims in every operand (of the full extent, or 1 where broadcast), and compute
+which rows are real (in range, before num_indices) with the same exact arithmetic as the
+kernels. Nothing here binds a primitive.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+from jax import lax
+
+from . import _compat
+from ._common import fmt_shape as _fmt
+
+
+def batch_shape(avals, nbatch):
+    """The full batch shape: per dim, the extent of the operands that are not broadcast
+    along it (those have 1). Not the largest extent: a vmap over 0 examples has batch 0,
+    and a symbolic extent (jax.export) cannot be compared with another."""
+    out = []
+    for j in range(nbatch):
+        sizes = [a.shape[j] for a in avals if not is_one(a.shape[j])]
+        out.append(sizes[0] if sizes else 1)
+    return tuple(out)
+
+
+def is_one(d) -> bool:
+    """d == 1 for an int; for a symbolic dim, only when it is the constant 1."""
+    return isinstance(d, (int, np.integer)) and int(d) == 1
+
+
+def check_batch(op, name, a, bshape, nbatch, rest_rank):
+    if a.ndim != nbatch + rest_rank or any(
+            a.shape[j] not in (1, bshape[j]) for j in range(nbatch)):
+        raise ValueError(f"{op}: {name} {_fmt(a.shape)} does not fit batch "
+                         f"{_fmt(bshape)}")
+
+
+def batch_spec_candidates(avals, bshape):
+    """Per batch dim, the spec entries of the operands that carry it at full size."""
+    return [[_compat.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
+            for j, b in enumerate(bshape)]
+
+
+# --- which rows are real: the lax paths, the JVP and the pad gradient -------------
+
+def rows(offsets, index, num, *, sshape, dim, check_bounds):
+    """For operands with leading (broadcastable) batch dims: (valid, row), both of the
+    broadcast batch shape + (n,). `row` is the flat row of one src viewed as
+    (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
+    for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one; `row` is then
+    narrowed to the index dtype of row_dtype."""
+    n = index.shape[-1]
+    wide = offsets.dtype  # the carrier: int64, or int32 without jax_enable_x64
+    ok = jnp.ones(offsets.shape[:-1], bool)
+    p = jnp.zeros(offsets.shape[:-1], wide)
+    for k in range(dim):
+        o, s = offsets[..., k], sshape[k]
+        inr = (o >= 0) & (o < s)
+        ok = ok & (inr if check_bounds else (s > 0))
+        p = p * s + jnp.clip(o, 0, max(s - 1, 0))
+    R = sshape[dim]
+    odim = offsets[..., dim][..., None]
+    if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(wide).itemsize:
+        # unsigned values at or above 2**(bits-1) do not fit: shift both terms by it.
+        mn = np.array(np.iinfo(wide).min, wide)
+        big = index >= np.array(np.iinfo(wide).max, index.dtype) + np.array(1, index.dtype)
+        x = jnp.where(big, odim ^ mn, odim)
+        y = jnp.where(big, lax.bitcast_convert_type(index, wide) ^ mn, index.astype(wide))
+        huge = big & (odim >= 0)  # r >= 2**(bits-1): beyond every row
+    else:
+        x, y, huge = odim, index.astype(wide), None
+    r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
+    ovf = ((x >= 0) == (y >= 0)) & ((r >= 0) != (x >= 0))
+    neg = jnp.where(ovf, x < 0, r < 0)
+    over = jnp.where(ovf, x >= 0, r >= R)
+    if huge is not None:
+        neg, over = neg & ~huge, over | huge
+    inr = ~neg & ~over
+    rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
+    live = jnp.arange(n, dtype=wide) < num[..., None].astype(wide)
+    if check_bounds:
+        valid = ok[..., None] & inr & live
+    else:
+        valid = ok[..., None] & live & (R > 0)
+    row = jnp.where(valid, p[..., None] * R + rc, 0)
+    return valid, row.astype(row_dtype(sshape[:dim + 1], wide))
+
+
+def row_dtype(dims, carrier):
+    """The dtype the lax paths hand XLA their row ids in: int32 when the flat row count
+    (one past the largest id, which the scatter-add uses for pad rows) fits it, as jnp
+    narrows its gather and scatter indices; else the carrier (int64 under x64; a symbolic
+    count, as in jax.export, cannot be shown to fit). Not only smaller: XLA's SPMD
+    partitioner aborts the process on a scatter whose int64 indices are sharded unevenly
+    (it pads them with an int32 constant)."""
+    total = 1
+    for d in dims:
+        if not isinstance(d, (int, np.integer)):
+            return carrier
+        total *= int(d)
+    return np.dtype(np.int32) if total <= np.iinfo(np.int32).max else carrier
+
+
+def pad_mask(valid, last, row_len, mid):
+    """True at every padded position of a result: bshape + (n, *mid, row_len)."""
+    col = jnp.arange(row_len) >= last
+    v = valid.reshape(valid.shape + (1,) * len(mid) + (1,))
+    return ~v | col
+
+
+def batch_factors(k, a, bshape, names):
+    return [names[j] if a.shape[j] == bshape[j] else f"z{k}_{j}" for j in range(len(bshape))]
+
+
+def batch_spec(o, a, bshape):
+    """The batch part of operand `a`'s spec: the result's entry `o[j]` where `a` has the
+    full batch extent, None where it is broadcast (size 1)."""
+    return [o[j] if a.shape[j] == bshape[j] else None for j in range(len(bshape))]
+
+
+def nonunit(o, shape):
+    return [None if n == 1 else e for n, e in zip(shape, o)]
+
+
+def lead(x, bd):
+    """Moves the new batch dim to the front, or adds a size-1 one (broadcast)."""
+    if bd is None:
+        return lax.expand_dims(x, (0,))
+    return jnp.moveaxis(x, bd, 0)
