@@ -226,11 +226,18 @@ TABLE = {
 }
 
 
+# The corrections learned from tuning, neutral: the tests below test the fitted terms.
+NO_CORRECTIONS = {"corrections.select_lax_one_full_operand": 1.0,
+                  "corrections.gather_lax_fused_short_rows": 1.0,
+                  "corrections.gather_fused_short_rows_below": 0}
+
+
 @pytest.fixture
 def table(monkeypatch):
     """The model reads TABLE (a dict the test may change) instead of the shipped table."""
     shipped = costs.shipped()
     d = dict(TABLE, **{p: v for p, v in costs.leaves(shipped) if p.startswith("structure.")})
+    d.update(NO_CORRECTIONS)
     assert set(d) == {p for p, _ in costs.leaves(shipped)}
     monkeypatch.setattr(costs, "shipped",
                         lambda: costs.from_flat("test", d, {p: "test" for p in d}))
@@ -472,3 +479,38 @@ def test_the_jaxpr_walk_sees_the_equations_being_lowered(table, monkeypatch):
     assert "cond comes from compare" in d.reason and "x comes from mul" in d.reason, d
     assert "y: argument" in d.reason and "result is a program output" in d.reason, d
     assert "unknown" not in d.reason, d
+
+
+def test_corrections_learned_from_tuning(table):
+    """The two corrections of the shipped table, each where it applies and nowhere else:
+    a select reading one operand in full has its lax loop scaled, a gather of short rows
+    feeding a fusing consumer has XLA's fused loop scaled; others keep their estimates."""
+    c = np.zeros((4096, 1), bool)
+    x, y = np.ones((4096, 1024), np.float32), np.ones((1, 1024), np.float32)
+    before = {k: jax_ext.explain(jax_ext.where, *a)[0].est_lax_s
+              for k, a in (("one", (c, x, y)), ("all", (c.repeat(1024, 1), x, x)))}
+    table["corrections.select_lax_one_full_operand"] = 0.5
+    after = {k: jax_ext.explain(jax_ext.where, *a)[0].est_lax_s
+             for k, a in (("one", (c, x, y)), ("all", (c.repeat(1024, 1), x, x)))}
+    assert after["all"] == before["all"] and after["one"] < 0.6 * before["one"]
+
+    tab, idx = np.ones((50000, 32), np.float32), np.zeros(8192, np.int32)
+    fused = lambda t, i: jnp.tanh(jax_ext.gather(t, [0], 0, i, align_bytes=None))  # noqa: E731
+    alone = lambda t, i: jax_ext.gather(t, [0], 0, i, align_bytes=None)  # noqa: E731
+    est = lambda f, t: jax_ext.explain(f, t, idx)[0].est_lax_s  # noqa: E731
+    base = {k: est(f, tab) for k, f in (("fused", fused), ("alone", alone))}
+    wide = est(fused, np.ones((50000, 64), np.float32))
+    table["corrections.gather_lax_fused_short_rows"] = 3.0
+    table["corrections.gather_fused_short_rows_below"] = 64
+    assert est(fused, tab) == pytest.approx(3.0 * base["fused"])  # no fixed cost when fused
+    assert est(alone, tab) == base["alone"]  # a program output: nothing fuses
+    assert est(fused, np.ones((50000, 64), np.float32)) == wide  # 64-element rows
+
+
+def test_shipped_corrections_are_documented():
+    t = costs.shipped()
+    assert 0 < t.corrections.select_lax_one_full_operand <= 1
+    assert t.corrections.gather_lax_fused_short_rows >= 1
+    for path in ("corrections.select_lax_one_full_operand",
+                 "corrections.gather_lax_fused_short_rows"):
+        assert "tuning" in t.about[path]

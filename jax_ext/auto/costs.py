@@ -96,9 +96,25 @@ class Materialize:
 
 
 @dataclass(frozen=True)
+class Corrections:
+    """Where tuning found the fitted model systematically wrong (jax_ext.tune on the
+    benchmark's programs): factors on the lax side's loop estimate, each with what it was
+    learned from in its 'about' text. Not refitted by the calibration."""
+    # A select that reads one operand in full (the condition and the other value
+    # broadcast): XLA's loop is a copy with a choice per row.
+    select_lax_one_full_operand: float
+    # A gather whose result a consumer fuses, with rows shorter than
+    # gather_fused_short_rows_below elements: XLA emits it element by element inside the
+    # consumer's loop, slower than its standalone loop.
+    gather_lax_fused_short_rows: float
+    gather_fused_short_rows_below: int
+
+
+@dataclass(frozen=True)
 class CostTable:
     machine: str
     structure: Structure
+    corrections: Corrections
     select: SelectCosts
     gather: GatherCosts
     scatter_add: ScatterCosts

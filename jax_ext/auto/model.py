@@ -70,7 +70,10 @@ def select(site: Site, t: CostTable) -> tuple[float, float]:
     nat, lax = t.select.native, t.select.lax
     read_all = sum(o.nbytes for o in site.operands)
     read_lax = sum(o.nbytes for o in site.operands if o.in_memory)
-    lax_s = _lax_s0(site, lax.s0_single if single else lax.s0) + lax.s_per_byte * (
+    # (a correction learned from tuning: costs.Corrections)
+    one_full = sum(o.producer != "small" for o in site.operands) == 1
+    factor = t.corrections.select_lax_one_full_operand if one_full else 1.0
+    lax_s = _lax_s0(site, lax.s0_single if single else lax.s0) + factor * lax.s_per_byte * (
         read_lax + (site.out_bytes if site.result_kept else 0))
     if site.result_kept:
         lax_s += _fresh(t, "lax", site.out_bytes)
@@ -100,7 +103,11 @@ def gather(site: Site, t: CostTable, out_shape: Sequence[int], nbatch: int
     rows = math.prod(int(d) for d in out_shape[:nbatch + 1])
     out, g = site.out_bytes, t.gather.native
     small = sum(o.nbytes for o in site.operands if o.name != "src")
-    lax_s = (_lax_s0(site, t.gather.lax.s0) + row_ratio(t, out_shape) * (
+    ratio = row_ratio(t, out_shape)
+    c = t.corrections  # (a correction learned from tuning: costs.Corrections)
+    if not site.result_kept and int(out_shape[-1]) < c.gather_fused_short_rows_below:
+        ratio *= c.gather_lax_fused_short_rows
+    lax_s = (_lax_s0(site, t.gather.lax.s0) + ratio * (
              g.s_per_row * rows + g.s_per_byte * (small + out * (2 if site.result_kept else 1)))
              + (_fresh(t, "lax", out) if site.result_kept else 0.0))
     native_s = (g.s0 + g.s_per_row * rows + g.s_per_byte * (small + 2 * out)

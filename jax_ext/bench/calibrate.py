@@ -397,7 +397,7 @@ def calibrate(quick: bool, machine: str, log=print) -> costs.CostTable:
     fit = _Fit()
     shipped = costs.shipped()
     for path, v in costs.leaves(shipped):  # not fitted: kept as shipped
-        if path.startswith("structure."):
+        if path.startswith(("structure.", "corrections.")):
             fit.set(path, v, shipped.about[path])
     _fit_select(fit, rng, quick, log)
     _fit_materialize(fit, rng, quick)
@@ -410,7 +410,9 @@ def calibrate(quick: bool, machine: str, log=print) -> costs.CostTable:
 
 
 def _unit(path: str, v: float) -> tuple[str, float]:
-    if ".row_ratio." in path:
+    if path.endswith("_below"):
+        return "elements", v
+    if ".row_ratio." in path or path.startswith("corrections."):
         return "x", v
     if "byte" in path.split(".")[-1]:
         return "ns/byte", v * 1e9
