@@ -316,7 +316,7 @@ def definitely_zero(d) -> bool:
 # the gather. The select keeps the same-width view, which stays exact in the fusions
 # around a select, and a donated operand is still updated in place. The 8-bit floats move
 # as uint8. Every other dtype moves as is. tests/test_lax_exact.py pins both paths inside
-# the fusions users write; docs/performance.md has what was observed.
+# the fusions users write; docs/design.md has what was observed.
 XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"})
 BYTE_VIEW = frozenset({"bfloat16"})
 
