@@ -16,14 +16,27 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "costs.json")
 
 
+L = TypeVar("L")
+N = TypeVar("N")
+
+
+@dataclass(frozen=True)
+class Sides(Generic[L, N]):
+    """A group of constants, for the lax path (L) and for the kernel (N)."""
+    lax: L
+    native: N
+
+
 @dataclass(frozen=True)
 class Structure:
-    """Structural facts and policy, not fitted."""
+    """Structural facts and policy, not fitted: where XLA:CPU's loops start using its
+    thread pool and where glibc maps a block afresh on every call (bytes), and how much
+    cheaper the kernel must be estimated to be chosen (a factor)."""
     pool_min_bytes: int
     mmap_threshold_bytes: int
     native_margin: float
@@ -31,19 +44,16 @@ class Structure:
 
 @dataclass(frozen=True)
 class SelectSide:
-    s0_single: float  # a result under pool_min_bytes: one thread
-    s0: float         # larger: XLA's thread pool
-    s_per_byte: float  # per byte read and written
-
-
-@dataclass(frozen=True)
-class SelectCosts:
-    lax: SelectSide
-    native: SelectSide
+    """A select's loop: a fixed cost for a result under pool_min_bytes (one thread), one
+    for a larger result (XLA's thread pool), and a cost per byte read and written."""
+    s0_single: float
+    s0: float
+    s_per_byte: float
 
 
 @dataclass(frozen=True)
 class GatherNative:
+    """The kernel's gather loop: a cost per call (s0), per row and per byte moved."""
     s0: float
     s_per_row: float
     s_per_byte: float
@@ -58,13 +68,8 @@ class GatherLax:
 
 
 @dataclass(frozen=True)
-class GatherCosts:
-    lax: GatherLax
-    native: GatherNative
-
-
-@dataclass(frozen=True)
 class ScatterSide:
+    """A scatter-add: per call, per cotangent row, per cotangent byte, per result byte."""
     s0: float
     s_per_row: float
     s_per_ct_byte: float
@@ -72,20 +77,8 @@ class ScatterSide:
 
 
 @dataclass(frozen=True)
-class ScatterCosts:
-    lax: ScatterSide
-    native: ScatterSide
-
-
-@dataclass(frozen=True)
 class FreshSide:
     s_per_byte: float  # mapping a result above the mmap threshold, per result byte
-
-
-@dataclass(frozen=True)
-class FreshCosts:
-    lax: FreshSide
-    native: FreshSide
 
 
 @dataclass(frozen=True)
@@ -115,10 +108,10 @@ class CostTable:
     machine: str
     structure: Structure
     corrections: Corrections
-    select: SelectCosts
-    gather: GatherCosts
-    scatter_add: ScatterCosts
-    fresh: FreshCosts
+    select: Sides[SelectSide, SelectSide]
+    gather: Sides[GatherLax, GatherNative]
+    scatter_add: Sides[ScatterSide, ScatterSide]
+    fresh: Sides[FreshSide, FreshSide]
     materialize: Materialize
     # "select.native.s0" -> what it was fitted on (one description per constant)
     about: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
@@ -132,8 +125,16 @@ class CostTableError(ValueError):
     """A cost table file that does not fit CostTable."""
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _fields(kind: Any) -> tuple[type, dict[str, Any]]:
+    """The dataclass behind `kind` and its fields' types (Sides[X]: its fields are X)."""
+    cls = typing.get_origin(kind) or kind
+    hints = typing.get_type_hints(cls)
+    args = typing.get_args(kind)
+    types_ = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "about"}
+    if args:  # the type arguments in the order of the class's parameters
+        bound = dict(zip(getattr(cls, "__parameters__", ()), args))
+        types_ = {k: bound.get(v, v) for k, v in types_.items()}
+    return cls, types_
 
 
 def _number(node: Any, kind: Any, where: str, about: dict[str, str]) -> Any:
@@ -150,12 +151,11 @@ def _number(node: Any, kind: Any, where: str, about: dict[str, str]) -> Any:
     return kind(v)
 
 
-def _build(cls: type, node: Any, where: str, about: dict[str, str]) -> Any:
-    """cls from its JSON tree, checking every key on the way."""
+def _build(kind: Any, node: Any, where: str, about: dict[str, str]) -> Any:
+    """The dataclass `kind` from its JSON tree, checking every key on the way."""
     if not isinstance(node, dict):
         raise CostTableError(f"cost table: {where or 'the file'} must be an object")
-    fields = {f.name: t for f, t in zip(dataclasses.fields(cls), _hints(cls).values())
-              if f.name != "about"}
+    cls, fields = _fields(kind)
     extra, missing = set(node) - set(fields), set(fields) - set(node)
     if extra or missing:
         raise CostTableError(f"cost table: {where or 'the file'}: missing {sorted(missing)}, "
@@ -173,7 +173,7 @@ def _value(kind: Any, node: Any, where: str, about: dict[str, str]) -> Any:
         return node
     if kind in (int, float):
         return _number(node, kind, where, about)
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+    if dataclasses.is_dataclass(typing.get_origin(kind) or kind):
         return _build(kind, node, where, about)
     # Mapping[int, float]: lengths as keys
     if not isinstance(node, dict) or not node:
