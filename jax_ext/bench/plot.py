@@ -39,7 +39,7 @@ DPI = 110  # a full run (about 45 cases) then fits a screen of 1920x1080
 
 
 # A column of panels: (kind or "throughput", inches of plot area) each.
-Column = list[tuple[str, float]]
+Panels = list[tuple[str, float]]
 
 
 def _cases(rows: Sequence[Row], kind: str) -> tuple[list[str], dict[str, dict[str, Row]]]:
@@ -127,12 +127,12 @@ def _throughput_panel(ax: Axes, rows: Sequence[Row]) -> None:
     ax.set_title("select throughput against size", fontsize=9, loc="left")
 
 
-def _columns(rows: Sequence[Row]) -> list[Column]:
+def _columns(rows: Sequence[Row]) -> list[Panels]:
     """Panels per column, each (kind or "throughput", inches of plot area): single calls
     on the left (with the throughput below them where the sweep ran), programs on the
     right; one column when only one side has rows."""
     counts = {k: len(_cases(rows, k)[0]) for k in KINDS}
-    left: Column = [(SINGLE, counts[SINGLE] * ROW_IN)] if counts[SINGLE] else []
+    left: Panels = [(SINGLE, counts[SINGLE] * ROW_IN)] if counts[SINGLE] else []
     if any(r["name"].startswith("select f32 2^") for r in rows):
         left.append(("throughput", THROUGHPUT_IN))
     right = [(k, counts[k] * ROW_IN) for k in KINDS[1:] if counts[k]]
@@ -147,13 +147,13 @@ TITLE_IN, LEGEND_ROW_IN, GAP_IN, XLABEL_IN, BOTTOM_IN, THROUGHPUT_IN = \
     0.35, 0.22, 0.5, 0.15, 0.45, 1.6
 
 
-def _labels_in(rows: Sequence[Row], col: Column) -> float:
+def _labels_in(rows: Sequence[Row], col: Panels) -> float:
     """Inches for the longest case name of a column's panels."""
     names = [_label(n) for kind, _ in col for n in _cases(rows, kind)[0]]
     return 0.2 + CHAR_IN * max(map(len, names), default=30)
 
 
-def _xlabeled(col: Column, k: int) -> bool:
+def _xlabeled(col: Panels, k: int) -> bool:
     """Does panel k of a column carry the ratio axis' label (the last ratio panel)?"""
     return col[k][0] != "throughput" and all(n == "throughput" for n, _ in col[k + 1:])
 
