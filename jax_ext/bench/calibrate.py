@@ -20,35 +20,47 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 import jax_ext
+from .._names import ImplementationName
 from ..auto import costs
+from .records import JaxFn
 from .report import machine_info
-from .timing import child_env
+from .timing import child_env, ready
 
 _F32 = 4
+Log = Callable[[str], object]
+# Jitted functions by name, each with the implementation it runs under.
+Fns = dict[str, tuple[JaxFn, ImplementationName]]
+# A timed point: the model's terms (1 for the fixed cost, rows, bytes, ...) and seconds.
+Point = tuple[Sequence[float], float]
+# The same with the result's bytes, whose fresh mapping is taken off before fitting.
+Timed = tuple[Sequence[float], float, int]
 # Structural facts and policy are not fitted: kept from the shipped table.
 _STRUCTURE = costs.shipped().structure
 
 
-def _timer(fns, args, reps, iters):
+def _timer(fns: Fns, args: tuple[jax.Array, ...], reps: int, iters: int) -> dict[str, float]:
     """Median seconds per call of each jitted fn (name -> (fn, impl)), alternating."""
-    jax.block_until_ready(args)
-    calls = []
+    ready(args)
+    calls: list[Callable[[], float]] = []
     for fn, impl in fns.values():
         with jax_ext.implementation(impl):
-            jax.block_until_ready(fn(*args))  # compile under this implementation
+            ready(fn(*args))  # compile under this implementation
 
-        def call(fn=fn, impl=impl):
+        def call(fn: JaxFn = fn, impl: ImplementationName = impl) -> float:
             with jax_ext.implementation(impl):
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     out = fn(*args)
-                jax.block_until_ready(out)
+                ready(out)
                 return (time.perf_counter() - t0) / iters
         calls.append(call)
     times: list[list[float]] = [[] for _ in calls]
@@ -59,12 +71,12 @@ def _timer(fns, args, reps, iters):
     return {name: statistics.median(t) for name, t in zip(fns, times)}
 
 
-def _both(fn):
+def _both(fn: JaxFn) -> Fns:
     f = jax.jit(fn)
     return {"native": (f, "native"), "lax": (f, "lax")}
 
 
-def _reps(nbytes, quick):
+def _reps(nbytes: int, quick: bool) -> tuple[int, int]:
     """Rounds and calls per timing of an op: one blocking call each, as a standalone
     call runs (several calls in flight hide what a lone one waits for, XLA's wait for its
     thread pool to wake: docs/performance.md, "Calibrating with calls in flight"); more
@@ -72,13 +84,14 @@ def _reps(nbytes, quick):
     return (5 if quick else 11) * (3 if nbytes < (1 << 20) else 1), 1
 
 
-def _reps_in_flight(nbytes, quick):
+def _reps_in_flight(nbytes: int, quick: bool) -> tuple[int, int]:
     """For the materializing loop, which runs inside a program between other ops (the
     pool awake): calls back to back, a few ms per timing."""
     return (5 if quick else 11), max(1, min(200, int(2e6 / max(nbytes, 1))))
 
 
-def _fit(rows, names, log=None, what=""):
+def _fit(rows: Sequence[Point], names: Sequence[str], log: Log | None = None,
+         what: str = "") -> dict[str, float]:
     """Least squares t = X @ c with c >= 0 (negative terms dropped, the rest refitted)."""
     fit = _fit1(rows, names)
     if log is not None:
@@ -87,7 +100,7 @@ def _fit(rows, names, log=None, what=""):
     return fit
 
 
-def _fit1(rows, names):
+def _fit1(rows: Sequence[Point], names: Sequence[str]) -> dict[str, float]:
     """Non-negative least squares on relative errors (small calls weigh as much as big
     ones): no constant of the model can be negative."""
     X = np.array([r[0] for r in rows], np.float64)
@@ -98,12 +111,12 @@ def _fit1(rows, names):
     return {n: float(v / s) for n, v, s in zip(names, c, scale)}
 
 
-def _nnls(A, b):
+def _nnls(A: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """min |A x - b| subject to x >= 0 (Lawson and Hanson's active set), for the few
     columns of one op's model: numpy alone, no extra dependency."""
     # Unit columns: the optimality test then weighs every column alike, whatever its
     # units (seconds per call, per row, per byte differ by 1e9).
-    norms = np.linalg.norm(A, axis=0)
+    norms: npt.NDArray[np.float64] = np.linalg.norm(A, axis=0)
     norms[norms == 0] = 1.0
     A = A / norms
     n = A.shape[1]
@@ -111,7 +124,7 @@ def _nnls(A, b):
     tol = 1e-12 * max(1.0, float(np.linalg.norm(b)))
     for _ in range(3 * n):
         w = A.T @ (b - A @ x)
-        if passive.all() or w[~passive].max() <= tol:
+        if passive.all() or np.max(w[~passive]) <= tol:
             break
         passive[np.argmax(np.where(passive, -np.inf, w))] = True
         while True:
@@ -128,7 +141,7 @@ def _nnls(A, b):
     return x / norms
 
 
-def _fresh(table, impl, nbytes):
+def _fresh(table: dict[str, float], impl: str, nbytes: int) -> float:
     """The fresh-mapping cost already fitted (the same rule as the model's)."""
     if nbytes < _STRUCTURE.mmap_threshold_bytes:
         return 0.0
@@ -136,7 +149,7 @@ def _fresh(table, impl, nbytes):
 
 
 @contextlib.contextmanager
-def _no_fresh_mappings():
+def _no_fresh_mappings() -> Iterator[bool]:
     """glibc told to serve every block from its heap and keep it (M_MMAP_MAX 0, a high
     M_TRIM_THRESHOLD), then set back to its defaults; yields False where that is not
     possible (not glibc)."""
@@ -155,13 +168,14 @@ def _no_fresh_mappings():
         mallopt(M_TRIM_THRESHOLD, 128 * 1024)
 
 
-def _less_fresh(t, table, impl, nbytes):
+def _less_fresh(t: float, table: dict[str, float], impl: str, nbytes: int) -> float:
     """A time less the fresh-mapping cost already fitted, kept at a fifth of the time at
     least (on a noisy machine that estimate can exceed a whole call)."""
     return max(t - _fresh(table, impl, nbytes), 0.2 * t)
 
 
-def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
+def _row_ratios(rng: np.random.Generator, quick: bool, log: Log, s0_native: float,
+                s0_lax: float) -> dict[int, float]:
     """XLA's gather loop over the kernel's, per row length: both run the same gather of
     about 4 MiB of f32 rows (random rows of a source 4x that), one blocking call each in
     turn; per pair of neighbouring calls (the machine's drift cancels within a pair) the
@@ -180,11 +194,11 @@ def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
         for impl in ("native", "lax"):
             with jax_ext.implementation(impl):
                 c = fn.lower(src, idx).compile()
-            jax.block_until_ready(c(src, idx))
+            ready(c(src, idx))
 
-            def call(c=c):
+            def call(c: jax.stages.Compiled = c) -> float:
                 t0 = time.perf_counter()
-                jax.block_until_ready(c(src, idx))
+                ready(c(src, idx))
                 return time.perf_counter() - t0
             t[impl] = call
         pairs = []
@@ -198,7 +212,7 @@ def _row_ratios(rng, quick, log, s0_native, s0_lax) -> dict[int, float]:
     return ratios
 
 
-def fresh_times(quick: bool) -> dict:
+def fresh_times(quick: bool) -> dict[str, Any]:
     """The select of a result just above glibc's mmap threshold, timed as is (a fresh
     mapping per call) and with glibc told to reuse its heap; run by _fresh_in_child."""
     rng = np.random.default_rng(1)
@@ -212,7 +226,7 @@ def fresh_times(quick: bool) -> dict:
     return {"n": n, "fresh": t, "reused": t_reused}
 
 
-def _fresh_in_child(quick: bool):
+def _fresh_in_child(quick: bool) -> tuple[int, dict[str, float], dict[str, float] | None]:
     import json
     import subprocess
     import tempfile
@@ -240,10 +254,11 @@ class _Fit:
         self.values[path], self.about[path] = float(value), about
 
 
-def _select_points(rng, quick, log) -> dict[str, list]:
+def _select_points(rng: np.random.Generator, quick: bool,
+                   log: Log) -> dict[str, list[tuple[int, int, float]]]:
     """select f32 over a range of sizes: (result bytes, bytes moved, seconds) per side."""
     ks = [6, 8, 12, 16, 20] if quick else [6, 7, 8, 9, 12, 14, 16, 18, 20, 22]
-    pts: dict[str, list] = {"native": [], "lax": []}
+    pts: dict[str, list[tuple[int, int, float]]] = {"native": [], "lax": []}
     for k in ks:
         n = 1 << k
         c = jnp.asarray(rng.integers(0, 2, n).astype(bool))
@@ -256,7 +271,7 @@ def _select_points(rng, quick, log) -> dict[str, list]:
     return pts
 
 
-def _fit_select(fit: _Fit, rng, quick, log) -> None:
+def _fit_select(fit: _Fit, rng: np.random.Generator, quick: bool, log: Log) -> None:
     """One thread below pool_min_bytes of result (a fixed cost), the pool above (linear)."""
     pool = _STRUCTURE.pool_min_bytes
     pts = _select_points(rng, quick, log)
@@ -274,9 +289,9 @@ def _fit_select(fit: _Fit, rng, quick, log) -> None:
                 f"{impl} select f32, results under {pool} B")
 
 
-def _fit_materialize(fit: _Fit, rng, quick) -> None:
+def _fit_materialize(fit: _Fit, rng: np.random.Generator, quick: bool) -> None:
     """One fused XLA loop writing a result (x * 2), as materializing an operand costs."""
-    mp = []
+    mp: list[Point] = []
     for k in ([12, 16, 20] if quick else [12, 14, 16, 18, 20, 22]):
         x = jnp.asarray(rng.standard_normal(1 << k).astype(np.float32))
         t = _timer({"lax": (jax.jit(lambda x: x * 2), "lax")}, (x,),
@@ -303,14 +318,15 @@ _TABLES_QUICK = [(262144, 32, 8192)]
 _TABLES_FULL = [(262144, 32, 8192), (1048576, 16, 16384), (131072, 64, 4096)]
 
 
-def _gather_points(rng, quick, log) -> tuple[dict[str, list], dict[str, list], int, int]:
+def _gather_points(rng: np.random.Generator, quick: bool,
+                   log: Log) -> tuple[dict[str, list[Timed]], dict[str, list[Timed]], int, int]:
     """Timed gathers (gp) and gradients (sp), per side: (terms, seconds, fresh bytes)."""
     shapes = _GATHER_QUICK if quick else _GATHER_FULL
     tables = _TABLES_QUICK if quick else _TABLES_FULL
     gather = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
     grad = jax.grad(lambda s, i, c: jnp.sum(jax_ext.gather(s, [0], 0, i, align_bytes=None) * c))
-    gp: dict[str, list] = {"native": [], "lax": []}
-    sp: dict[str, list] = {"native": [], "lax": []}
+    gp: dict[str, list[Timed]] = {"native": [], "lax": []}
+    sp: dict[str, list[Timed]] = {"native": [], "lax": []}
     for rows, cols, k in shapes + tables:
         src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
         idx = jnp.asarray(rng.integers(0, rows, k).astype(np.int32))
@@ -330,7 +346,7 @@ def _gather_points(rng, quick, log) -> tuple[dict[str, list], dict[str, list], i
     return gp, sp, len(shapes), len(tables)
 
 
-def _fit_fresh(fit: _Fit, quick, log) -> None:
+def _fit_fresh(fit: _Fit, quick: bool, log: Log) -> None:
     """A result above glibc's mmap threshold is mapped anew on every call; the same
     select timed with glibc told not to map (so it reuses its heap) gives the cost of the
     mapping itself, per result byte. Timed in a process of its own, as the benchmark runs
@@ -351,24 +367,24 @@ def _fit_fresh(fit: _Fit, quick, log) -> None:
             + (f", {t_reused[impl] * 1e3:.2f} ms reused" if t_reused else ""))
 
 
-def _fit_gather(fit: _Fit, gp: dict[str, list], nshapes: int, log) -> None:
+def _fit_gather(fit: _Fit, gp: dict[str, list[Timed]], nshapes: int, log: Log) -> None:
     """The kernel's loop by least squares; XLA's launch as what its small calls take beyond
     the kernel's loop. Fitted on what is left once the fresh mapping of a big result is
     paid."""
-    gp = {impl: [(x, _less_fresh(t, fit.values, impl, b)) for x, t, b in p]
-          for impl, p in gp.items()}
-    f = _fit(gp["native"], ["s0", "s_per_row", "s_per_byte"], log, "gather native")
+    pts = {impl: [(x, _less_fresh(t, fit.values, impl, b)) for x, t, b in p]
+           for impl, p in gp.items()}
+    f = _fit(pts["native"], ["s0", "s_per_row", "s_per_byte"], log, "gather native")
     for key, v in f.items():
         fit.set(f"gather.native.{key}", v,
                 f"native row gather f32 on arguments, {nshapes} shapes (rows x row bytes)")
     launch = [float(t_l - (t_n - f["s0"]))
-              for (x, t_l), (_, t_n) in zip(gp["lax"], gp["native"]) if x[2] <= 300_000]
+              for (x, t_l), (_, t_n) in zip(pts["lax"], pts["native"]) if x[2] <= 300_000]
     fit.set("gather.lax.s0", max(0.0, statistics.median(launch)),
             "lax row gather f32 on arguments, the shapes of under 300 KB moved: time beyond "
             "the kernel's loop")
 
 
-def _fit_scatter(fit: _Fit, sp: dict[str, list], ntables: int, log) -> None:
+def _fit_scatter(fit: _Fit, sp: dict[str, list[Timed]], ntables: int, log: Log) -> None:
     for impl, p in sp.items():
         pts = [(x, _less_fresh(t, fit.values, impl, b)) for x, t, b in p]
         f = _fit(pts, ["s0", "s_per_row", "s_per_ct_byte", "s_per_out_byte"], log,
@@ -379,7 +395,7 @@ def _fit_scatter(fit: _Fit, sp: dict[str, list], ntables: int, log) -> None:
                     f"{ntables} big tables with small cotangents")
 
 
-def _fit_row_ratios(fit: _Fit, rng, quick, log) -> None:
+def _fit_row_ratios(fit: _Fit, rng: np.random.Generator, quick: bool, log: Log) -> None:
     """Last: glibc's thresholds stay fixed once set (mallopt ends its dynamic threshold).
     The loops alone, without glibc trimming and refaulting."""
     with _no_fresh_mappings():
@@ -391,7 +407,7 @@ def _fit_row_ratios(fit: _Fit, rng, quick, log) -> None:
                 "result, fixed costs taken off")
 
 
-def calibrate(quick: bool, machine: str, log=print) -> costs.CostTable:
+def calibrate(quick: bool, machine: str, log: Log = print) -> costs.CostTable:
     """Times this machine and fits every constant of the cost table."""
     rng = np.random.default_rng(0)
     fit = _Fit()

@@ -65,17 +65,40 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 import jax_ext
 
+from .._names import ImplementationName
 from ..auto.tuning import enabled_by_env as tuning_enabled_by_env
 from .plot import plot as _plot
+from .records import Case, Meta, Row
 from .report import format_table, machine_info, write_report
 from .select import select_cases
 from .timing import child_env, measure
 
 
-def all_cases(quick: bool, devices: int = 0):
+class _Options(argparse.Namespace):
+    """The command line as _parser reads it."""
+    quick: bool
+    only: str
+    rounds: int | None
+    pattern: str
+    impl: ImplementationName
+    tune: bool
+    tune_budget: float
+    json: str
+    plot: str
+    markdown: bool
+    report: str | None
+    calibrate: bool
+    table: str | None
+    same_process: bool
+    case: str | None
+    devices: int
+
+
+def all_cases(quick: bool, devices: int = 0) -> list[Case]:
     from . import gather, programs
     cases = select_cases(quick)
     if devices > 1:
@@ -89,16 +112,16 @@ def _where(path: str) -> str:
     return f"{path} (in the current directory)" if here else path
 
 
-def _fields(case) -> dict:
+def _fields(case: Case) -> Row:
     """What a row keeps of its case: everything but the functions."""
     return {k: v for k, v in case.items() if not callable(v)}
 
 
-def _tune_budget(a) -> float | None:
+def _tune_budget(a: _Options) -> float | None:
     return a.tune_budget if a.tune else None
 
 
-def _isolated(name: str, a, rounds: int) -> list:
+def _isolated(name: str, a: _Options, rounds: int) -> list[Row]:
     """Measures one case in a fresh Python process (this jax_ext, these options)."""
     import subprocess
     import tempfile
@@ -112,7 +135,8 @@ def _isolated(name: str, a, rounds: int) -> list:
         # its stderr is ours: the tuner's progress lines show as they come
         subprocess.run(cmd, cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
-            return json.load(f)
+            rows: list[Row] = json.load(f)
+            return rows
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,7 +202,7 @@ def _no_native_module() -> int:
     return 2
 
 
-def _headline(meta, a, n_cases: int) -> str:
+def _headline(meta: Meta, a: _Options, n_cases: int) -> str:
     native = "native module loaded" if meta["native"] else "NO native module"
     tuned = (f"--tune ({a.tune_budget:g} s a program)" if a.tune
              else "the tuning cache as found")
@@ -190,7 +214,8 @@ def _headline(meta, a, n_cases: int) -> str:
             + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()))
 
 
-def _run_case(case, tag: str, a, rounds: int, min_sample: float, patterns) -> list:
+def _run_case(case: Case, tag: str, a: _Options, rounds: int, min_sample: float,
+              patterns: Sequence[str]) -> list[Row]:
     """One case's rows (a program in a process of its own unless --same-process), its
     progress on stderr."""
     program = case["op"] == "program"
@@ -208,7 +233,7 @@ def _run_case(case, tag: str, a, rounds: int, min_sample: float, patterns) -> li
     return [_fields(case) | r for r in got]
 
 
-def _write_outputs(rows, meta, a) -> None:
+def _write_outputs(rows: list[Row], meta: Meta, a: _Options) -> None:
     print(format_table(rows))
     if a.markdown:
         print()
@@ -224,8 +249,8 @@ def _write_outputs(rows, meta, a) -> None:
         print(f"wrote {_where(a.plot)}")
 
 
-def main(argv=None):
-    a = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    a = _parser().parse_args(argv, namespace=_Options())
     if a.impl != "lax" and not jax_ext.native_available():
         return _no_native_module()
     if a.calibrate:
@@ -249,9 +274,9 @@ def main(argv=None):
     if a.tune and not tuning_enabled_by_env():
         print("jax_ext.bench: JAX_EXT_TUNING is off, so --tune measures but stores nothing "
               "and the tuned column times the choices the cache held before.", file=sys.stderr)
-    meta = machine_info(a.impl) | dict(quick=a.quick, rounds=rounds, patterns=list(patterns),
-                                       tune_budget_s=_tune_budget(a),
-                                       loadavg_start=list(os.getloadavg()))
+    meta = machine_info(a.impl) | {"quick": a.quick, "rounds": rounds,
+                                   "patterns": list(patterns), "tune_budget_s": _tune_budget(a),
+                                   "loadavg_start": list(os.getloadavg())}
     print(_headline(meta, a, len(cases)), flush=True)
     with jax_ext.implementation(a.impl):
         rows = [r for i, case in enumerate(cases)

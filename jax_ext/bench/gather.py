@@ -19,43 +19,48 @@ result's size, for the numpy copy bandwidth measured alongside).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from .._gather import gather
+from .records import Case, Host, Made, Ort
 from .kinds import SINGLE
 
 
-def _index(rng, rows, n):
+def _index(rng: np.random.Generator, rows: int, n: int) -> npt.NDArray[np.int32]:
     idx = rng.integers(0, rows, n).astype(np.int32)
     past = rng.choice(n, max(1, n // 100), replace=False)
     idx[past] = rows + rng.integers(0, 8, past.size)  # a few past the end: padded rows
     return idx
 
 
-def _src_index(seed, rows, cols, n):
+def _src_index(seed: int, rows: int, cols: int,
+               n: int) -> tuple[np.random.Generator, jax.Array, jax.Array]:
     """(rng, src, index): random f32 rows and an index with a few past the end."""
     rng = np.random.default_rng(seed)
     src = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
     return rng, src, jnp.asarray(_index(rng, rows, n))
 
 
-def _gather_case(rows, cols, n, seed=0):
+def _gather_case(rows: int, cols: int, n: int, seed: int = 0) -> Case:
     item = 4
 
-    def make():
+    def make() -> Made:
         _, src, idx = _src_index(seed, rows, cols, n)
         ours = jax.jit(lambda s, i: gather(s, [0], 0, i))
         ref = jax.jit(lambda s, i: jnp.take(s, i, axis=0, mode="fill", fill_value=0))
         return ours, ref, (src, idx)
 
-    return dict(name=f"gather f32 {rows}x{cols} n={n}", op="gather", dtype="float32",
+    return Case(name=f"gather f32 {rows}x{cols} n={n}", op="gather", dtype="float32",
                 elements=n * cols, bytes=2 * n * cols * item + 4 * n, make=make, chain=False,
                 onnx=_onnx_gather, copy_bytes=n * cols * item, kind=SINGLE)
 
 
-def _onnx_gather(host):
+def _onnx_gather(host: Host) -> Ort | None:
     """onnxruntime's CPU Gather over the same numpy arrays, or None when not installed."""
     try:
         import onnxruntime as ort
@@ -83,34 +88,34 @@ def _onnx_gather(host):
     inside = idx < rows
     clipped = np.where(inside, idx, rows - 1).astype(np.int32)
 
-    def run(s, i):
+    def run(s: npt.NDArray[Any], i: npt.NDArray[np.int32]) -> Any:
         return sess.run(None, {"src": s, "index": i})[0]
 
-    def check(ours, theirs):
+    def check(ours: npt.NDArray[Any], theirs: npt.NDArray[Any]) -> bool:
         return np.array_equal(ours[inside].view(np.uint32), theirs[inside].view(np.uint32))
 
     return run, (src, clipped), check
 
 
-def _loss_grad_case(rows, cols, n, seed=2):
+def _loss_grad_case(rows: int, cols: int, n: int, seed: int = 2) -> Case:
     """The gradient of a loss through gather, written the way a user writes it."""
-    def make():
+    def make() -> Made:
         _, src, idx = _src_index(seed, rows, cols, n)
         ours = jax.jit(jax.grad(lambda s, i: jnp.sum(gather(s, [0], 0, i) ** 2)))
         ref = jax.jit(jax.grad(lambda s, i: jnp.sum(
             jnp.take(s, i, axis=0, mode="fill", fill_value=0) ** 2)))
         return ours, ref, (src, idx)
 
-    return dict(name=f"gather loss grad sum(g**2) f32 {rows}x{cols} n={n}", op="gather_grad",
+    return Case(name=f"gather loss grad sum(g**2) f32 {rows}x{cols} n={n}", op="gather_grad",
                 dtype="float32", elements=rows * cols,
                 bytes=3 * n * cols * 4 + 4 * n + 2 * rows * cols * 4, make=make, chain=False,
                 kind=SINGLE)
 
 
-def _grad_case(rows, cols, n, seed=1):
+def _grad_case(rows: int, cols: int, n: int, seed: int = 1) -> Case:
     item = 4
 
-    def make():
+    def make() -> Made:
         rng, src, idx = _src_index(seed, rows, cols, n)
         ct = jnp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
         ours = jax.jit(jax.grad(lambda s, i, c: jnp.sum(gather(s, [0], 0, i) * c)))
@@ -119,12 +124,12 @@ def _grad_case(rows, cols, n, seed=1):
         return ours, ref, (src, idx, ct)
 
     # reads the cotangent rows, writes (zeroes, then adds into) the src-shaped result
-    return dict(name=f"gather grad f32 {rows}x{cols} n={n}", op="gather_grad", dtype="float32",
+    return Case(name=f"gather grad f32 {rows}x{cols} n={n}", op="gather_grad", dtype="float32",
                 elements=rows * cols, bytes=n * cols * item + 4 * n + 2 * rows * cols * item,
                 make=make, chain=False, kind=SINGLE)
 
 
-def cases(quick: bool) -> list[dict]:
+def cases(quick: bool) -> list[Case]:
     if quick:
         shapes = [(65536, 128, 16384), (16384, 64, 4096), (262144, 16, 65536), (4096, 8, 4096)]
         grad = (16384, 128, 16384)

@@ -8,7 +8,16 @@ between two identical programs: a difference inside it is not a measured one.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from .kinds import KINDS, SINGLE
+from .records import Meta, Row
+
+if TYPE_CHECKING:  # matplotlib is optional (the bench extra), imported where it draws
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Two sides that compile to the same program read up to about this far apart on a small
 # shared machine (docs/performance.md), so the plot shades 1 +- this around 1.0: a gap
@@ -19,7 +28,8 @@ BAND = "0.72"
 # (the row's ratio field, legend label, marker, colour, size); "ratio" is the row's own
 # side. Drawn last to first: auto on top, a little smaller than the tuned diamond, so that
 # both show where they coincide.
-SERIES = [("ratio", "auto (cost model)", "o", "tab:blue", 20),
+Series = tuple[str, str, str, str, int]
+SERIES: list[Series] = [("ratio", "auto (cost model)", "o", "tab:blue", 20),
           ("tuned_ratio", "auto, tuned", "D", "tab:green", 30),
           ("native_ratio", "forced native", "s", "tab:orange", 22),
           ("lax_ratio", "forced lax", "^", "tab:red", 26)]
@@ -28,9 +38,13 @@ ROW_IN = 0.22  # inches per case
 DPI = 110  # a full run (about 45 cases) then fits a screen of 1920x1080
 
 
-def _cases(rows, kind):
+# A column of panels: (kind or "throughput", inches of plot area) each.
+Panels = list[tuple[str, float]]
+
+
+def _cases(rows: Sequence[Row], kind: str) -> tuple[list[str], dict[str, dict[str, Row]]]:
     """The names of a kind's cases in the order they ran, and each case's rows by pattern."""
-    by: dict[str, dict[str, dict]] = {}
+    by: dict[str, dict[str, Row]] = {}
     for r in rows:
         if r.get("kind", SINGLE) == kind:
             by.setdefault(r["name"], {})[r["pattern"]] = r
@@ -41,20 +55,21 @@ def _label(name: str) -> str:
     return name.removeprefix("prog ")
 
 
-def _series(meta):
+def _series(meta: Meta) -> list[Series]:
     impl = meta.get("implementation", "auto")
     own = "auto (cost model)" if impl == "auto" else f"implementation {impl}"
-    return [(k, own if k == "ratio" else label, *rest) for k, label, *rest in SERIES]
+    return [(k, own if k == "ratio" else label, m, c, size) for k, label, m, c, size in SERIES]
 
 
-def _limits(rows):
+def _limits(rows: Sequence[Row]) -> tuple[float, float]:
     """One x range for every panel, so that positions compare across them."""
     vals = [r[k] for r in rows for k, *_ in SERIES if r.get(k)]
     lo, hi = min(vals + [1 - NOISE]), max(vals + [1 + NOISE])
     return lo / 1.25, hi * 1.25
 
 
-def _ratio_panel(ax, rows, kind, meta, xlim):
+def _ratio_panel(ax: Axes, rows: Sequence[Row], kind: str, meta: Meta,
+                 xlim: tuple[float, float]) -> None:
     names, by = _cases(rows, kind)
     for i in range(0, len(names), 2):  # bands to follow a line from its name
         ax.axhspan(-i - 0.5, -i + 0.5, color="0.95", lw=0, zorder=0)
@@ -72,7 +87,7 @@ def _ratio_panel(ax, rows, kind, meta, xlim):
     ax.set_title(f"{kind} ({len(names)})", fontsize=9, loc="left")
 
 
-def _links(ax, names, by):
+def _links(ax: Axes, names: list[str], by: dict[str, dict[str, Row]]) -> None:
     """A thin line through a case's markers of one pattern, so they read as one case."""
     for i, n in enumerate(names):
         for pattern, dy in PATTERNS.items():
@@ -81,18 +96,19 @@ def _links(ax, names, by):
                 ax.plot([min(xs), max(xs)], [-i + dy] * 2, color="0.6", lw=0.6, zorder=2)
 
 
-def _markers(ax, names, by, meta):
+def _markers(ax: Axes, names: list[str], by: dict[str, dict[str, Row]], meta: Meta) -> None:
     for key, label, marker, color, size in _series(meta)[::-1]:
         for pattern, dy in PATTERNS.items():
             pts = [(by[n][pattern][key], -i + dy) for i, n in enumerate(names)
                    if by[n].get(pattern, {}).get(key)]
             if pts:
-                ax.scatter(*zip(*pts), s=size, marker=marker, linewidths=1.1, zorder=3,
+                xs, ys = zip(*pts)
+                ax.scatter(xs, ys, s=size, marker=marker, linewidths=1.1, zorder=3,
                            facecolors=color if pattern == "reused" else "white",
                            edgecolors=color, label=f"{label} ({pattern})")
 
 
-def _throughput_panel(ax, rows):
+def _throughput_panel(ax: Axes, rows: Sequence[Row]) -> None:
     """Throughput against size for the f32 select sweep, both implementations."""
     for pattern, line in (("reused", "-"), ("fresh", ":")):
         f32 = [r for r in rows if r["name"].startswith("select f32 2^") and r["pattern"] == pattern]
@@ -111,12 +127,12 @@ def _throughput_panel(ax, rows):
     ax.set_title("select throughput against size", fontsize=9, loc="left")
 
 
-def _columns(rows):
+def _columns(rows: Sequence[Row]) -> list[Panels]:
     """Panels per column, each (kind or "throughput", inches of plot area): single calls
     on the left (with the throughput below them where the sweep ran), programs on the
     right; one column when only one side has rows."""
     counts = {k: len(_cases(rows, k)[0]) for k in KINDS}
-    left = [(SINGLE, counts[SINGLE] * ROW_IN)] if counts[SINGLE] else []
+    left: Panels = [(SINGLE, counts[SINGLE] * ROW_IN)] if counts[SINGLE] else []
     if any(r["name"].startswith("select f32 2^") for r in rows):
         left.append(("throughput", THROUGHPUT_IN))
     right = [(k, counts[k] * ROW_IN) for k in KINDS[1:] if counts[k]]
@@ -131,18 +147,18 @@ TITLE_IN, LEGEND_ROW_IN, GAP_IN, XLABEL_IN, BOTTOM_IN, THROUGHPUT_IN = \
     0.35, 0.22, 0.5, 0.15, 0.45, 1.6
 
 
-def _labels_in(rows, col):
+def _labels_in(rows: Sequence[Row], col: Panels) -> float:
     """Inches for the longest case name of a column's panels."""
     names = [_label(n) for kind, _ in col for n in _cases(rows, kind)[0]]
     return 0.2 + CHAR_IN * max(map(len, names), default=30)
 
 
-def _xlabeled(col, k):
+def _xlabeled(col: Panels, k: int) -> bool:
     """Does panel k of a column carry the ratio axis' label (the last ratio panel)?"""
     return col[k][0] != "throughput" and all(n == "throughput" for n, _ in col[k + 1:])
 
 
-def figure(rows, meta):
+def figure(rows: Sequence[Row], meta: Meta) -> Figure:
     """The figure `plot` saves (matplotlib, imported here: an optional dependency)."""
     import matplotlib.pyplot as plt
     columns = _columns(rows)
@@ -176,7 +192,7 @@ def figure(rows, meta):
     return fig
 
 
-def _legend_handles(rows, meta):
+def _legend_handles(rows: Sequence[Row], meta: Meta) -> list[Artist]:
     """A marker per series the rows have, the two fillings, and the noise band."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -190,7 +206,7 @@ def _legend_handles(rows, meta):
               label=f"±{NOISE:.0%}: the noise between two identical programs")]
 
 
-def plot(rows, meta, path) -> bool:
+def plot(rows: Sequence[Row], meta: Meta, path: str) -> bool:
     """Draws the plot to `path`; False (and says why) without matplotlib."""
     try:
         import matplotlib

@@ -4,35 +4,41 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
 import jax_ext
 
+from .records import Meta, Row
 
-def _fmt_t(s):
+# (header, width, cell(row) -> str): a negative width aligns left.
+Column = tuple[str, int, Callable[[Row], str]]
+
+
+def _fmt_t(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
 
 
-def _fmt_ratio(r, lo, hi):
+def _fmt_ratio(r: float | None, lo: float | None, hi: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
-def _fmt_x(r):
+def _fmt_x(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
-def _ran(r):
+def _ran(r: Row) -> str:
     """What ran at each call site; where the tuning cache changed that, what ran tuned."""
     tuned = r.get("tuned_picked")
     return r["picked"] if not tuned or tuned == r["picked"] else f"{r['picked']}; tuned: {tuned}"
 
 
 # (header, width, cell(row) -> str). A list, so more columns can be added in one place.
-COLUMNS = [
+COLUMNS: list[Column] = [
     ("case", -56, lambda r: r["name"]),
     ("calls", -6, lambda r: r["pattern"]),
     ("jax_ext", 11, lambda r: _fmt_t(r["ours_s"])),
@@ -55,14 +61,15 @@ COLUMNS = [
 ]
 
 
-def format_table(rows, columns=COLUMNS, markdown=False):
+def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
+                 markdown: bool = False) -> str:
     if markdown:
         lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
                  "|" + "|".join("---" if w < 0 else "---:" for _, w, _ in columns) + "|"]
         lines += ["| " + " | ".join(f(r) for _, _, f in columns) + " |" for r in rows]
         return "\n".join(lines)
 
-    def line(cells):
+    def line(cells: Sequence[str]) -> str:
         return "  ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}"
                          for c, (_, w, _) in zip(cells, columns))
     head = line([h for h, _, _ in columns])
@@ -80,7 +87,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(impl: str) -> dict:
+def machine_info(impl: str) -> Meta:
     from importlib.metadata import version
     cores: int | None
     try:
@@ -92,7 +99,7 @@ def machine_info(impl: str) -> dict:
         ort = onnxruntime.__version__
     except ImportError:
         ort = None
-    return dict(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    return Meta(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpu=_cpu_model(), cores=cores, machine=platform.machine(),
                 jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
                 onnxruntime=ort, jax_ext=jax_ext.__version__,
@@ -101,7 +108,7 @@ def machine_info(impl: str) -> dict:
                 malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
 
 
-def header_lines(meta) -> list[str]:
+def header_lines(meta: Meta) -> list[str]:
     """What a reader needs to judge the numbers: the machine, the versions, the allocator
     settings and the calling patterns. No paths and no dates (the docs include it)."""
     malloc = ", ".join(f"`{k}={v}`" for k, v in sorted(meta["malloc_env"].items()))
@@ -120,7 +127,7 @@ def header_lines(meta) -> list[str]:
     ]
 
 
-def _tuned_source(meta) -> str:
+def _tuned_source(meta: Meta) -> str:
     budget = meta.get("tune_budget_s")
     if budget is None:
         return ("auto with the tuning cache as found (no `--tune`: the same choices as auto "
@@ -129,7 +136,7 @@ def _tuned_source(meta) -> str:
             f"timing it (`--tune`, at most {budget:g} s a program; `tuning s` says how long)")
 
 
-def write_report(rows, meta, path) -> None:
+def write_report(rows: Sequence[Row], meta: Meta, path: str) -> None:
     """The results table as Markdown under its machine header, to `path`."""
     text = "\n".join(["Benchmark run (`jax-ext-bench --report PATH` writes this page):", "",
                       *header_lines(meta), "", format_table(rows, markdown=True), ""])

@@ -15,20 +15,28 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy.typing as npt
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._gather import gather
 from .._select import where
+from .records import Case, Made, Shape
 from .kinds import SINGLE
 
 _FLAG = "--xla_force_host_platform_device_count"
 
+def P(*axes: str | None) -> PartitionSpec:
+    """PartitionSpec, whose constructor jax leaves unannotated."""
+    return PartitionSpec(*axes)  # type: ignore[no-untyped-call]  # unannotated in jax
 
-def force_host_devices(n: int, argv=None) -> None:
+
+def force_host_devices(n: int, argv: Sequence[str] | None = None) -> None:
     """Makes jax start with `n` CPU devices. XLA reads the flag when jax's backends start;
     if they already have (or the flag did not take), re-executes this process with it."""
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -43,19 +51,22 @@ def force_host_devices(n: int, argv=None) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "jax_ext.bench", *args])
 
 
-def _case(name, op, dtype, elements, nbytes, make):
-    return dict(name=name, op=op, dtype=np.dtype(dtype).name, elements=int(elements),
+def _case(name: str, op: str, dtype: npt.DTypeLike, elements: int, nbytes: int,
+          make: Callable[[], Made]) -> Case:
+    return Case(name=name, op=op, dtype=np.dtype(dtype).name, elements=int(elements),
                 bytes=int(nbytes), make=make, chain=False, kind=SINGLE)
 
 
-def _put(mesh, a, spec):
-    return jax.device_put(a, NamedSharding(mesh, spec))
+def _put(mesh: Mesh, a: npt.NDArray[Any], spec: PartitionSpec) -> jax.Array:
+    out: jax.Array = jax.device_put(a, NamedSharding(mesh, spec))  # typed Any by jax
+    return out
 
 
-def _select(mesh, name, shapes, specs, seed=0):
+def _select(mesh: Mesh, name: str, shapes: tuple[Shape, Shape, Shape],
+            specs: tuple[PartitionSpec, ...], seed: int = 0) -> Case:
     (sc, sx, sy) = shapes
 
-    def make():
+    def make() -> Made:
         rng = np.random.default_rng(seed)
         c = rng.integers(0, 2, sc).astype(bool)
         x = rng.standard_normal(sx).astype(np.float32)
@@ -68,15 +79,15 @@ def _select(mesh, name, shapes, specs, seed=0):
     return _case(name, "select", np.float32, size, nbytes, make)
 
 
-def _take(s, i):
+def _take(s: jax.Array, i: jax.Array) -> jax.Array:
     return jnp.take(s, i, axis=0, mode="fill", fill_value=0)
 
 
-def _ours(s, i):
+def _ours(s: jax.Array, i: jax.Array) -> jax.Array:
     return gather(s, [0], 0, i)
 
 
-def _index(rng, rows, shape):
+def _index(rng: np.random.Generator, rows: int, shape: Shape) -> npt.NDArray[np.int32]:
     idx = rng.integers(0, rows, shape).astype(np.int32)
     flat = idx.reshape(-1)
     past = rng.choice(flat.size, max(1, flat.size // 100), replace=False)
@@ -84,8 +95,10 @@ def _index(rng, rows, shape):
     return idx
 
 
-def _gather(mesh, name, src_shape, idx_shape, specs, *, batched=False, seed=0):
-    def make():
+def _gather(mesh: Mesh, name: str, src_shape: Shape, idx_shape: Shape,
+            specs: tuple[PartitionSpec, PartitionSpec], *, batched: bool = False,
+            seed: int = 0) -> Case:
+    def make() -> Made:
         rng = np.random.default_rng(seed)
         src = rng.standard_normal(src_shape).astype(np.float32)
         idx = _index(rng, src_shape[-2], idx_shape)
@@ -98,7 +111,7 @@ def _gather(mesh, name, src_shape, idx_shape, specs, *, batched=False, seed=0):
     return _case(name, "gather", np.float32, n * d, 4 * n + 2 * 4 * n * d, make)
 
 
-def cases(quick: bool, devices: int) -> list[dict]:
+def cases(quick: bool, devices: int) -> list[Case]:
     mesh = Mesh(np.array(jax.devices()[:devices]), ("x",))
     tag = f"{devices}dev"
     m, k = (1024, 1024) if quick else (4096, 1024)

@@ -7,6 +7,9 @@ import functools
 import itertools
 import statistics
 import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypedDict
 
 try:
     import resource  # page faults per call; Unix only
@@ -16,8 +19,32 @@ except ImportError:  # pragma: no cover
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 import jax_ext
+
+from .._names import ImplementationName
+from .records import Case, Host, JaxFn, Row
+
+Args = tuple[jax.Array, ...]
+# One timed call of a side: (seconds, page faults).
+Call = Callable[[], tuple[float, int]]
+# A factory of the context a side runs in (a forced implementation, tuning on or off).
+Ctx = Callable[[], AbstractContextManager[Any]]
+
+
+class _Check(TypedDict):
+    """What _check finds before timing (see there)."""
+    agrees: bool
+    picked: str
+    ort: tuple[Callable[..., Any], Host] | None
+    ort_agrees: bool | None
+    copy: Callable[[], object] | None
+
+
+def ready(tree: object) -> None:
+    """Waits for every array of `tree` (jax.block_until_ready)."""
+    jax.block_until_ready(tree)  # type: ignore[no-untyped-call]  # unannotated in jax
 
 
 def _faults() -> int:
@@ -25,15 +52,16 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
-def _fresh(host, like):
+def _fresh(host: Host, like: Args) -> Args:
     """New device arrays made from host copies, placed (and sharded) like `like`, with
     their transfers finished."""
     out = tuple(jax.device_put(np.array(h, copy=True), a.sharding) for h, a in zip(host, like))
-    jax.block_until_ready(out)
+    ready(out)
     return out
 
 
-def _jax_side(fn, args, pattern, host, like, chain, ctx=None):
+def _jax_side(fn: JaxFn, args: Args, pattern: str, host: Host, like: Args, chain: bool,
+              ctx: Ctx | None = None) -> Call:
     """One timed call of a jitted function per call of the returned closure, which
     returns (seconds, page faults). "fresh": arguments made right before it (untimed);
     otherwise `args`, with a donated operand fed back from the previous result. `ctx`: a
@@ -41,13 +69,13 @@ def _jax_side(fn, args, pattern, host, like, chain, ctx=None):
     or off), entered before the clock starts."""
     state = {"args": args}
 
-    def call():
+    def call() -> tuple[float, int]:
         a = _fresh(host, like) if pattern == "fresh" else state["args"]
         with ctx() if ctx else contextlib.nullcontext():
             f0 = _faults()
             t0 = time.perf_counter()
             out = fn(*a)
-            jax.block_until_ready(out)
+            ready(out)
             dt = time.perf_counter() - t0
             df = _faults() - f0
         if pattern != "fresh" and chain:  # donated: the output is the next operand
@@ -56,9 +84,9 @@ def _jax_side(fn, args, pattern, host, like, chain, ctx=None):
     return call
 
 
-def _host_side(fn, host, pattern):
+def _host_side(fn: Callable[..., object], host: Host, pattern: str) -> Call:
     """The same for a host function (onnxruntime, numpy) on numpy arrays."""
-    def call():
+    def call() -> tuple[float, int]:
         a = tuple(np.array(h, copy=True) for h in host) if pattern == "fresh" else host
         f0 = _faults()
         t0 = time.perf_counter()
@@ -79,7 +107,7 @@ def child_env() -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _orders(n):
+def _orders(n: int) -> list[list[int]]:
     """Orders of n sides for the calls of a round: n - 1 rows, each holding every side
     once, such that in the sequence they make (row after row, then round after round,
     cyclically) each side follows each other side exactly once. Calls run back to back
@@ -88,7 +116,8 @@ def _orders(n):
     favoured whoever followed whom (docs/performance.md). Found by a small search."""
     perms = list(itertools.permutations(range(n)))
 
-    def extend(rows, used):
+    def extend(rows: list[tuple[int, ...]],
+               used: set[tuple[int, int]]) -> list[tuple[int, ...]] | None:
         if len(rows) == max(1, n - 1):
             closing = (rows[-1][-1], rows[0][0])
             return rows if n == 1 or (closing not in used and closing[0] != closing[1]) else None
@@ -101,10 +130,13 @@ def _orders(n):
                     return found
         return None
     first = tuple(range(n))
-    return [list(r) for r in extend([first], set(zip(first, first[1:])))]
+    found = extend([first], set(zip(first, first[1:])))
+    assert found is not None, f"no balanced orders of {n} sides"
+    return [list(r) for r in found]
 
 
-def _time_sides(calls, pattern, iters, start=0):
+def _time_sides(calls: Sequence[Call], pattern: str, iters: int,
+                start: int = 0) -> tuple[list[float], list[float]]:
     """Mean time and page faults per call of each side over `iters` calls each.
     "reused" and "fresh": call by call, the order of the sides cycling through the rows
     of _orders (ours theirs, theirs ours, ...), so each side runs right after each other
@@ -129,18 +161,18 @@ def _time_sides(calls, pattern, iters, start=0):
     return [t / iters for t in totals], [f / iters for f in faults]
 
 
-def _copy_args(args):
+def _copy_args(args: Args) -> Args:
     # Donated operands are consumed: each side needs its own copies.
     return tuple(jnp.array(a, copy=True) for a in args)
 
 
-def _same_bits(a, b) -> bool:
+def _same_bits(a: npt.ArrayLike, b: npt.ArrayLike) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
         a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
 
 
-def _agree(got, want, exact: bool) -> bool:
+def _agree(got: Any, want: Any, exact: bool) -> bool:
     """Standalone cases must agree bit for bit; whole programs within rounding (XLA may
     round the ops around the select/gather differently once their fusions differ)."""
     a, b = jax.tree.leaves(got), jax.tree.leaves(want)
@@ -156,19 +188,19 @@ def _agree(got, want, exact: bool) -> bool:
 # cost model alone, so that measured choices (the user's tuning cache, or --tune's) show
 # in the tuned column only. The tuning state is part of jit's cache key: each side runs a
 # program compiled for it.
-def _model():
+def _model() -> AbstractContextManager[None]:
     return jax_ext.tuning(False)
 
 
-def _tuned():
+def _tuned() -> AbstractContextManager[None]:
     return jax_ext.tuning(True)
 
 
-def _forced(impl):
+def _forced(impl: ImplementationName) -> Ctx:
     return lambda: jax_ext.implementation(impl)
 
 
-def _picked(fn, args, ctx=_model) -> str:
+def _picked(fn: JaxFn, args: Args, ctx: Ctx = _model) -> str:
     """What ran at each jax_ext call site of `fn` (native or lax), in call order, in the
     context `ctx` makes."""
     try:
@@ -178,18 +210,19 @@ def _picked(fn, args, ctx=_model) -> str:
         return f"? ({type(e).__name__})"
 
 
-def _stats(xs):
+def _stats(xs: Sequence[float]) -> dict[str, float]:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs), q1=q[0], q3=q[2])
 
 
-def _ratio(num, den):
+def _ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     """Statistics of the per-round ratios num / den (two sides' times)."""
     return _stats([n / d for n, d in zip(num, den)])
 
 
-def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh"),
-            tune_budget_s: float | None = None):
+def measure(case: Case, rounds: int, min_sample_s: float,
+            patterns: Sequence[str] = ("reused", "fresh"),
+            tune_budget_s: float | None = None) -> list[Row]:
     """Times one case in each calling pattern; returns one result dict per pattern.
     `tune_budget_s`: first tune a program's call sites (``jax_ext.tune`` with this
     budget), so that its tuned column times measured choices."""
@@ -198,7 +231,8 @@ def measure(case, rounds: int, min_sample_s: float, patterns=("reused", "fresh")
         return _measure(case, rounds, min_sample_s, patterns, tune_budget_s)
 
 
-def _measure(case, rounds, min_sample_s, patterns, tune_budget_s):
+def _measure(case: Case, rounds: int, min_sample_s: float, patterns: Sequence[str],
+             tune_budget_s: float | None) -> list[Row]:
     ours, theirs, args = case["make"]()
     if case["op"] == "select" and args[1].dtype.name != case["dtype"]:
         raise RuntimeError(f"{case['name']}: made {args[1].dtype} arrays, not {case['dtype']}")
@@ -220,7 +254,7 @@ def _measure(case, rounds, min_sample_s, patterns, tune_budget_s):
     return rows
 
 
-def _tune(ours, args, budget_s, patterns):
+def _tune(ours: JaxFn, args: Args, budget_s: float, patterns: Sequence[str]) -> Row:
     """--tune: measured choices for the program's call sites, stored in the tuning cache;
     how long that took and which sites moved from the model's choice."""
     both = {"reused", "fresh"} <= set(patterns)
@@ -232,18 +266,19 @@ def _tune(ours, args, budget_s, patterns):
     return dict(tune_s=time.perf_counter() - t0, tune_changes=changes)
 
 
-def _check(case, ours, theirs, args, host):
+def _check(case: Case, ours: JaxFn, theirs: JaxFn, args: Args, host: Host) -> _Check:
     """Before timing: whether the two sides agree (standalone calls bit for bit, programs
     within rounding), what ran at each call site, onnxruntime's Gather and its agreement
     where the case has one, and numpy's copy of the result's bytes where it has that."""
     with _model():  # donated inputs are consumed, so copies
         got = ours(*_copy_args(args))
-    out = dict(agrees=bool(_agree(got, theirs(*_copy_args(args)), case.get("exact", True))),
-               picked=_picked(ours, args), ort=None, ort_agrees=None, copy=None)
+    out = _Check(agrees=bool(_agree(got, theirs(*_copy_args(args)), case.get("exact", True))),
+                 picked=_picked(ours, args), ort=None, ort_agrees=None, copy=None)
     ort = case["onnx"](host) if case.get("onnx") else None
     if ort is not None:
         fn, ort_host, same = ort
-        out.update(ort=(fn, ort_host), ort_agrees=bool(same(np.asarray(got), fn(*ort_host))))
+        out.update({"ort": (fn, ort_host),
+                    "ort_agrees": bool(same(np.asarray(got), fn(*ort_host)))})
     if case.get("copy_bytes"):
         src = np.ones(case["copy_bytes"], np.uint8)
         dst = np.zeros_like(src)
@@ -251,14 +286,15 @@ def _check(case, ours, theirs, args, host):
     return out
 
 
-def _sides(case, ours, theirs, args, host, pattern, ort):
+def _sides(case: Case, ours: JaxFn, theirs: JaxFn, args: Args, host: Host, pattern: str,
+           ort: tuple[Callable[..., Any], Host] | None) -> dict[str, Call]:
     """The calls timed in alternation, by name: ours (auto by its cost model), the jnp
     reference, onnxruntime where the case has it, and for programs the same program under
     forced native, forced lax and auto with the tuning cache, so that auto can be judged
     against the better of the two and against measured choices."""
     chain = case["chain"]
 
-    def jax_side(fn, ctx):
+    def jax_side(fn: JaxFn, ctx: Ctx | None) -> Call:
         # Every side reads the very same argument buffers, unless one is donated (then
         # each side needs copies of its own): copies differ in where they live (huge or
         # 4 KiB pages), and that alone moves a side's time (docs/performance.md).
@@ -273,7 +309,9 @@ def _sides(case, ours, theirs, args, host, pattern, ort):
     return sides
 
 
-def _sample(sides, pattern, rounds, min_sample_s, copy):
+def _sample(sides: dict[str, Call], pattern: str, rounds: int, min_sample_s: float,
+            copy: Callable[[], object] | None,
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float], int]:
     """Per side, its mean seconds and page faults per call in each round, numpy's copy
     time per round (timed apart: a bandwidth yardstick, not a side), and the calls per
     round."""
@@ -283,7 +321,7 @@ def _sample(sides, pattern, rounds, min_sample_s, copy):
     iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
     times: dict[str, list[float]] = {k: [] for k in sides}
     faults: dict[str, list[float]] = {k: [] for k in sides}
-    copies = []
+    copies: list[float] = []
     for r in range(rounds):
         ts, fs = _time_sides(calls, pattern, iters, start=r * iters)
         for k, t, f in zip(sides, ts, fs):
@@ -294,21 +332,23 @@ def _sample(sides, pattern, rounds, min_sample_s, copy):
     return times, faults, copies, iters
 
 
-def _row(case, pattern, times, faults, copies, iters, check):
+def _row(case: Case, pattern: str, times: dict[str, list[float]],
+         faults: dict[str, list[float]], copies: list[float], iters: int,
+         check: _Check) -> Row:
     """One pattern's result row: medians and ratios over the rounds (the package
     docstring defines each field)."""
     t_ours, t_ref = times["ours"], times["ref"]
     ratio = _ratio(t_ref, t_ours)
     mo = statistics.median(t_ours)
-    row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
-               ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
-               ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
-               spread=(max(t_ours) - min(t_ours)) / mo,
-               gbps=case["bytes"] / mo / 1e9, agrees=check["agrees"], picked=check["picked"],
-               iters=iters, rounds=len(t_ours), faults=statistics.median(faults["ours"]),
-               ref_faults=statistics.median(faults["ref"]), ort_s=None, ort_ratio=None,
-               ort_ratio_min=None, ort_ratio_max=None, ort_agrees=check["ort_agrees"],
-               copy_s=None, copy_frac=None)
+    row: Row = dict(pattern=pattern, ours_s=mo, ref_s=statistics.median(t_ref),
+                    ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
+                    ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
+                    spread=(max(t_ours) - min(t_ours)) / mo,
+                    gbps=case["bytes"] / mo / 1e9, agrees=check["agrees"], picked=check["picked"],
+                    iters=iters, rounds=len(t_ours), faults=statistics.median(faults["ours"]),
+                    ref_faults=statistics.median(faults["ref"]), ort_s=None, ort_ratio=None,
+                    ort_ratio_min=None, ort_ratio_max=None, ort_agrees=check["ort_agrees"],
+                    copy_s=None, copy_frac=None)
     if "ort" in times:
         r = _ratio(times["ort"], t_ours)
         row.update(ort_s=statistics.median(times["ort"]), ort_ratio=r["median"],
