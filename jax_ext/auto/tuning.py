@@ -57,7 +57,7 @@ def cache_path() -> str:
     return os.path.join(cache_dir(), "tuning.json")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for ln in f:
@@ -68,7 +68,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cores() -> int:
+def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -81,7 +81,7 @@ def machine_key() -> str:
     import jaxlib
 
     from .._version import __version__
-    return (f"{_cpu_model()} x{_cores()}; jax {jax.__version__}; jaxlib "
+    return (f"{cpu_model()} x{cores()}; jax {jax.__version__}; jaxlib "
             f"{getattr(jaxlib, '__version__', '?')}; jax_ext {__version__}")
 
 

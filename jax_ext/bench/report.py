@@ -76,31 +76,17 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
     return "\n".join([head, "-" * len(head)] + [line([f(r) for _, _, f in columns]) for r in rows])
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for ln in f:
-                if ln.startswith("model name"):
-                    return ln.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info(impl: str) -> Meta:
     from importlib.metadata import version
-    cores: int | None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
+
+    from ..auto.tuning import cores, cpu_model  # what the tuning cache is keyed by, too
     try:
         import onnxruntime
         ort = onnxruntime.__version__
     except ImportError:
         ort = None
     return Meta(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                cpu=_cpu_model(), cores=cores, machine=platform.machine(),
+                cpu=cpu_model(), cores=cores(), machine=platform.machine(),
                 jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
                 onnxruntime=ort, jax_ext=jax_ext.__version__,
                 native=jax_ext.native_available(),
