@@ -7,9 +7,13 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import jax
+import numpy as np
 
 MIN_JAX = (0, 10, 2)
 # The newest minor release CI runs the suite on (the newest jax the package registry
@@ -20,7 +24,7 @@ NO_VERSION_WARNING_ENV = "JAX_EXT_NO_VERSION_WARNING"
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
+    out: list[int] = []
     for part in v.split(".")[:3]:
         digits = "".join(ch for ch in part if ch.isdigit())
         out.append(int(digits) if digits else 0)
@@ -50,14 +54,58 @@ _VERSION_WARNING = version_warning(jax.__version__, os.environ)
 if _VERSION_WARNING is not None:
     warnings.warn(_VERSION_WARNING, RuntimeWarning, stacklevel=2)
 
-from jax.extend.core import Primitive  # noqa: E402, F401  (re-exported)
-from jax.interpreters import ad, batching, mlir, xla  # noqa: E402
-from jax._src.lib.mlir import ir  # noqa: E402  (the MLIR bindings jax lowers with)
+# Re-exported for the rest of the package (`as` marks the re-export).
+from jax.interpreters import ad as ad, batching, mlir as mlir, xla  # noqa: E402
+from jax.interpreters.mlir import ir as ir  # noqa: E402  (the MLIR bindings jax lowers with)
+
+# jax leaves the methods of Primitive, the constructor of PartitionSpec and a few
+# functions unannotated, so every call of them would be an untyped call. The type checker
+# sees them as declared here, typed as jax_ext calls them; at run time they are jax's own.
+if TYPE_CHECKING:
+    from jax.extend import core as _core
+    from typing_extensions import TypeIs
+
+    class Primitive(_core.Primitive):
+        """Its rules take and return arrays, avals and params, which jax types nowhere;
+        every jax_ext primitive has one result."""
+        def bind(self, *args: Any, **params: Any) -> jax.Array: ...
+        def abstract_eval(self, *args: Any, **params: Any) -> Any: ...
+        def def_impl(self, impl: Callable[..., Any]) -> Any: ...
+        def def_abstract_eval(self, abstract_eval: Callable[..., Any]) -> Any: ...
+        def def_effectful_abstract_eval(self, effectful_abstract_eval: Callable[..., Any]
+                                        ) -> Any: ...
+
+    def PartitionSpec(*partitions: SpecEntry) -> jax.sharding.PartitionSpec: ...
+    def is_undefined_primal(x: object) -> TypeIs[ad.UndefinedPrimal]: ...
+    def apply_primitive(prim: Primitive, *args: Any, **params: Any) -> Any: ...
+    def reshard(x: jax.Array, sharding: jax.sharding.NamedSharding) -> jax.Array: ...
+else:
+    from jax.extend.core import Primitive as Primitive  # noqa: E402
+    from jax.sharding import PartitionSpec as PartitionSpec  # noqa: E402
+    is_undefined_primal = ad.is_undefined_primal
+    apply_primitive = xla.apply_primitive
+    reshard = jax.sharding.reshard
 
 Zero = ad.Zero
 
+# What jax hands the rules: an abstract value (a ShapedArray, with shape, dtype, weak_type
+# and sharding), read by attribute. jax's ShapedArray is public but leaves its methods
+# (update, str_short, to_tangent_aval) unannotated, and ctx.avals_in is typed as the
+# AbstractValue base, which has neither shape nor dtype; so an aval is Any here.
+Aval = Any
+# What a lowering rule returns (mlir.LoweringRule): the MLIR values of its results.
+IrValues = Sequence[ir.Value[Any] | Sequence[ir.Value[Any]]]
+# What a PartitionSpec holds for one dim: None, a mesh axis name or a tuple of names.
+SpecEntry = str | tuple[str, ...] | None
+# A rule's tangent or cotangent: an array, or jax's symbolic Zero.
+Tangent = Any
+# A transpose rule's operand: an array, or UndefinedPrimal for an input it is linear in.
+Primal = jax.Array | ad.UndefinedPrimal
+# A batching rule: rule(axis_size, args, dims, **params) -> (out, out_dim).
+BatchRule = Callable[..., tuple[Any, int | None]]
 
-def instantiate_tangent(t, primal):
+
+def instantiate_tangent(t: Tangent, primal: Any) -> Tangent:
     """A JVP rule's tangent as an array of the primal's tangent type. jax hands a rule
     the Python scalar a caller passed (jax.jvp(f, (x,), (1.,)) under jit or make_jaxpr)
     unconverted; symbolic zeros stay as they are."""
@@ -67,7 +115,7 @@ def instantiate_tangent(t, primal):
     return jnp.asarray(t, dtype=jax.typeof(primal).to_tangent_aval().dtype)
 
 
-def convert_element_type(x, dtype, *, weak_type: bool):
+def convert_element_type(x: jax.Array, dtype: np.dtype[Any], *, weak_type: bool) -> jax.Array:
     """x as `dtype`, weakly typed when `weak_type`, as jnp's promotion converts operands
     (int32 array beside 0.5 -> weak float32). lax.convert_element_type, the public one,
     always gives a strong type."""
@@ -75,16 +123,14 @@ def convert_element_type(x, dtype, *, weak_type: bool):
         from jax._src.lax.lax import _convert_element_type
     except ImportError:  # a jax without it: the dtype is right, only weakness is lost
         return jax.lax.convert_element_type(x, dtype)
-    return _convert_element_type(x, dtype, weak_type=weak_type)
+    out: jax.Array = _convert_element_type(x, dtype, weak_type=weak_type)
+    return out
 
 
-is_undefined_primal = ad.is_undefined_primal
-apply_primitive = xla.apply_primitive
-
-
-def register_batcher(prim, rule):
+def register_batcher(prim: Primitive, rule: BatchRule) -> None:
     """rule(axis_size, args, dims, **params) -> (out, out_dim)."""
-    def batcher(axis_data, args, bdims, **params):
+    def batcher(axis_data: Any, args: Sequence[Any], bdims: Sequence[int | None],
+                **params: Any) -> tuple[Any, int | None]:
         # jax calls the batcher even when no operand is batched (e.g. the primal half of
         # a JVP under vmap); the result must then stay unbatched.
         if all(d is None for d in bdims):
@@ -101,20 +147,20 @@ def register_batcher(prim, rule):
 _LOWERING_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
 
 
-def register_lowering(prim, rule, *, cacheable: bool):
+def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, cacheable: bool) -> None:
     """mlir.register_lowering for every platform; `cacheable` is passed where jax has it."""
     kw = {"cacheable": cacheable} if _LOWERING_CACHEABLE else {}
     mlir.register_lowering(prim, rule, platform=None, **kw)  # None: every platform
 
 
-def enclosing_equations(limit: int = 64) -> list:
+def enclosing_equations(limit: int = 64) -> list[tuple[Any, Any, dict[Any, Any]]]:
     """(jaxpr, eqn, env) for every jaxpr jax is lowering on this thread right now, innermost
     first: jax lowers a jaxpr one equation at a time in ``mlir.jaxpr_subcomp``, and the
     frames of those calls hold them (env: jaxpr variable -> MLIR value). [] when this jax
     lowers some other way (then implementation "auto" treats consumers as unknown)."""
     code = getattr(getattr(mlir, "jaxpr_subcomp", None), "__code__", None)
-    out: list = []
-    f = sys._getframe(1)
+    out: list[tuple[Any, Any, dict[Any, Any]]] = []
+    f: FrameType | None = sys._getframe(1)
     while code is not None and f is not None and len(out) < limit:
         if f.f_code is code:
             loc = f.f_locals
@@ -126,7 +172,20 @@ def enclosing_equations(limit: int = 64) -> list:
     return out
 
 
-def impl_state(names, env: str):
+_T = TypeVar("_T", covariant=True)
+
+
+class ConfigState(Protocol[_T]):
+    """What jax_ext uses of a jax config state: its value here, and a context manager
+    that sets it for a block."""
+
+    @property
+    def value(self) -> _T: ...
+
+    def __call__(self, value: Any, /) -> AbstractContextManager[None]: ...
+
+
+def impl_state(names: Sequence[str], env: str) -> ConfigState[str]:
     """A jax config option 'jax_ext_impl' (its default from the environment variable `env`)
     that is part of the jit cache key, so a function traced under implementation("lax") is
     not reused under "native". `names`: the values, the default first."""
@@ -141,7 +200,7 @@ def impl_state(names, env: str):
         return _ThreadLocalState(names[0], env)
 
 
-def tuning_state(default: str):
+def tuning_state(default: str) -> ConfigState[str]:
     """A jax config state 'jax_ext_tuning_state' holding which measured choices a lowering
     sees (jax_ext.auto.tuning), part of the jit cache key and the trace context, so a
     function traced before jax_ext.tune stored a choice is traced again after. jax has no
@@ -154,23 +213,25 @@ def tuning_state(default: str):
         include_in_jit_key=True, include_in_trace_context=True)
 
 
-def set_tuning_state(state, value: str) -> None:
+def set_tuning_state(state: ConfigState[str], value: str) -> None:
     """The state's process-wide value (what threads outside a tuning() block see)."""
-    jax.config.update("jax_ext_tuning_state", value)
+    # jax leaves Config.update unannotated.
+    jax.config.update("jax_ext_tuning_state", value)  # type: ignore[no-untyped-call]
 
 
 class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
-    def __init__(self, default, env):
+    def __init__(self, default: str, env: str) -> None:
         import os
         self._default = os.environ.get(env, default)
         self._local = threading.local()
 
     @property
-    def value(self):
-        return getattr(self._local, "value", self._default)
+    def value(self) -> str:
+        value: str = getattr(self._local, "value", self._default)
+        return value
 
     @contextlib.contextmanager
-    def __call__(self, value):
+    def __call__(self, value: str) -> Iterator[None]:
         old = self.value
         self._local.value = value
         try:
@@ -179,7 +240,7 @@ class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cac
             self._local.value = old
 
 
-def is_donated_block_argument(value) -> bool:
+def is_donated_block_argument(value: ir.Value[Any]) -> bool:
     """True when `value` is an argument of the function being lowered that the caller
     donated (jit(..., donate_argnums=...)). Any surprise in the IR means 'no'."""
     try:
@@ -199,19 +260,23 @@ def is_donated_block_argument(value) -> bool:
 # mechanism jax's own cuDNN kernels use). It needs two private pieces: the set of
 # primitives whose lowering must see the device assignment, and the lowering's axis
 # context. Without either, everything still lowers, unpartitioned (XLA replicates).
+# jax leaves custom_partitioning unannotated: typed here by what jax_ext does with it
+# (wrap a function, then def_partition); None on a jax without it.
+custom_partitioning: Callable[[Callable[..., Any]], Any] | None
 try:
-    from jax.experimental.custom_partitioning import custom_partitioning  # noqa: E402
+    from jax.experimental.custom_partitioning import custom_partitioning as _cp  # noqa: E402
     from jax._src import dispatch as _dispatch  # noqa: E402
     from jax._src import sharding_impls as _sharding_impls  # noqa: E402
     _ShardingContext = _sharding_impls.ShardingContext
     _requires_devices = _dispatch.prim_requires_devices_during_lowering
+    custom_partitioning = _cp
     HAVE_CUSTOM_PARTITIONING = True
 except Exception:  # pragma: no cover - a jax without these extension points
     custom_partitioning = None
     HAVE_CUSTOM_PARTITIONING = False
 
 
-def require_devices_during_lowering(prim) -> bool:
+def require_devices_during_lowering(prim: Primitive) -> bool:
     """Asks jax to lower `prim` with its device assignment known (custom_partitioning
     needs it); False when this jax has no such switch."""
     if not HAVE_CUSTOM_PARTITIONING:
@@ -223,7 +288,7 @@ def require_devices_during_lowering(prim) -> bool:
         return False
 
 
-def spmd_mesh_shape(ctx):
+def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
     """{axis name: size} of the mesh a custom call lowered in `ctx` will be partitioned
     over, or None when it must be lowered as is: one device, a body where every mesh
     axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
@@ -233,7 +298,9 @@ def spmd_mesh_shape(ctx):
         return None
     try:
         mc = ctx.module_context
-        if mc.lowering_parameters.for_export or not jax.config.jax_use_shardy_partitioner:
+        # jax 0.10.2's Config stub lacks this flag, which its config defines (0.12's has it).
+        shardy = jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
+        if mc.lowering_parameters.for_export or not shardy:
             return None
         ac = mc.axis_context
         if not isinstance(ac, _ShardingContext):
@@ -247,13 +314,15 @@ def spmd_mesh_shape(ctx):
 
 
 # --- sharding in types (explicit mesh axes) ----------------------------------------------
+ShardingTypeError: type[Exception]
 try:
-    from jax._src.core import ShardingTypeError  # noqa: E402
+    from jax._src.core import ShardingTypeError as _ShardingTypeError  # noqa: E402
+    ShardingTypeError = _ShardingTypeError
 except Exception:  # pragma: no cover
     ShardingTypeError = ValueError
 
 
-def explicit_axes(mesh) -> bool:
+def explicit_axes(mesh: Any) -> bool:
     """Does `mesh` have an Explicit axis (sharding in types)?"""
     try:
         from jax.sharding import AxisType
@@ -262,17 +331,19 @@ def explicit_axes(mesh) -> bool:
         return False
 
 
-def spec_entries(aval) -> tuple:
+def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
     """The PartitionSpec entry of every dim of `aval` (an aval, or anything with `ndim`
     and `sharding`, such as a ShapeDtypeStruct): None where unsharded or unknown."""
     try:
         spec = tuple(aval.sharding.spec)
     except Exception:
         spec = ()
-    return spec + (None,) * (aval.ndim - len(spec))
+    ndim: int = aval.ndim
+    return spec + (None,) * (ndim - len(spec))
 
 
-def typed_result(avals_in, like, spec, **updates):
+def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
+                 **updates: Any) -> Aval:
     """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
     carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
     decides, as for any jax op)."""
@@ -284,7 +355,6 @@ def typed_result(avals_in, like, spec, **updates):
         sh = None
     if sh is None:
         return like.update(**updates)
-    from jax.sharding import PartitionSpec
     return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
 
 
@@ -299,16 +369,16 @@ def typed_result(avals_in, like, spec, **updates):
 # for Host"). jax_ext therefore lowers each shard's computation itself, with its values
 # untyped and no mesh set, as it is on 0.10.2 (see _lowering._partitioned).
 
-def no_mesh():
+def no_mesh() -> AbstractContextManager[None]:
     """A context in which no abstract mesh is set (values trace without sharding types)."""
     from jax.sharding import AbstractMesh, use_abstract_mesh
     return use_abstract_mesh(AbstractMesh((), ()))
 
 
-def without_sharding(aval):
+def without_sharding(aval: Aval) -> Aval:
     """`aval` without a mesh in its type (a ShapedArray typed on no mesh); others as is."""
     if getattr(aval, "sharding", None) is None or not hasattr(aval, "ndim"):
         return aval
-    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+    from jax.sharding import AbstractMesh, NamedSharding
     return aval.update(sharding=NamedSharding(AbstractMesh((), ()),
                                               PartitionSpec(*[None] * aval.ndim)))

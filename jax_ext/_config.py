@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
+from typing import cast
 
 from . import _compat
 from ._names import IMPL_ENV, IMPLEMENTATIONS as _NAMES, ImplementationName
@@ -54,10 +55,11 @@ def implementation(name: ImplementationName) -> AbstractContextManager[None]:
         False
     """
     _check_name(name)
-    return _state(name)  # type: ignore[no-any-return]
+    return _state(name)
 
 
 def current() -> ImplementationName:
     """The implementation a primitive bound now records: "auto", "native" or "lax". What
     runs is settled when it is lowered (see jax_ext/auto); without the native module, lax."""
-    return _state.value  # type: ignore[no-any-return]
+    # A str to jax; enum_state admits only the names (and _check_name the environment's).
+    return cast(ImplementationName, _state.value)

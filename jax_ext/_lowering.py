@@ -105,6 +105,8 @@ def _partitioned(ctx, raw, spmd, args, params):
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
+    # `raw` exists only where jax has custom_partitioning (see register).
+    assert _compat.custom_partitioning is not None
     fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
 
     def partition(mesh, arg_shapes, result_shape):
