@@ -2,31 +2,45 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax import lax
+from jax.typing import DTypeLike
 
 from . import _compat, _names, _native, auto
+from ._compat import Aval, IrValues, PartitionSpec, SpecEntry, ir
 from .auto import explain
 from ._native import native_available
 
 mlir = _compat.mlir
+Ctx = mlir.LoweringRuleContext
+# A native lowering: the FFI call's results, or None where the kernels decline (the lax
+# path runs then).
+NativeRule = Callable[..., IrValues | None]
+# Spmd.rule's result: a factor name per dim of each operand and of the result, and the
+# factors that must never be sharded.
+Factors = tuple[list[list[str]], list[str], tuple[str, ...]]
+# Spmd.partition's result: the operands' specs, the result's, and the local computation.
+Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
 
 # Dtypes narrower than a byte are packed in XLA buffers; the byte-moving kernels do not
 # handle them, so they always take the lax path.
 _SUB_BYTE = {"int2", "uint2", "int4", "uint4", "float4_e2m1fn"}
 
 
-def native_dtype_ok(dtype) -> bool:
+def native_dtype_ok(dtype: DTypeLike) -> bool:
     return np.dtype(dtype).name not in _SUB_BYTE
 
 
-def ffi_call(ctx, target: str, operands, *, aliases: dict[int, int] | None = None, **attrs):
+def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
+             aliases: dict[int, int] | None = None, **attrs: object) -> IrValues:
     """Lower to the FFI custom call `target`. Attributes are normalized here: the C++
     decoders are strict (an int64 array must arrive as i64), so every integer sequence
     becomes an int64 array, every int an int64 and every bool a bool."""
-    typed = {}
+    typed: dict[str, np.generic | np.ndarray[Any, np.dtype[Any]]] = {}
     for k, v in attrs.items():
         if isinstance(v, (bool, np.bool_)):
             typed[k] = np.bool_(v)
@@ -57,17 +71,20 @@ class Spmd:
       **params)`` binds the unpartitioned primitive on local shapes.
     """
 
-    def __init__(self, rule, partition):
+    def __init__(self, rule: Callable[..., Factors],
+                 partition: Callable[..., Partition]) -> None:
         self.rule, self.partition = rule, partition
 
 
-def rule_string(factors_in, factors_out) -> str:
+def rule_string(factors_in: Sequence[Sequence[str]], factors_out: Sequence[Sequence[str]]
+                ) -> str:
     """Einsum-like Shardy rule text; a scalar is an empty entry."""
-    side = lambda vals: ", ".join(" ".join(f) for f in vals)  # noqa: E731
+    side: Callable[[Sequence[Sequence[str]]], str] = (
+        lambda vals: ", ".join(" ".join(f) for f in vals))
     return f"{side(factors_in)} -> {side(factors_out)}"
 
 
-def local_size(n: int, entry, mesh_shape) -> int:
+def local_size(n: int, entry: SpecEntry, mesh_shape: Mapping[str, int]) -> int:
     """Size of one shard of a dim of size n sharded by the spec entry (ceil: XLA pads)."""
     k = 1
     for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
@@ -75,11 +92,12 @@ def local_size(n: int, entry, mesh_shape) -> int:
     return -(-n // k)
 
 
-def merge_specs(what: str, candidates) -> list:
+def merge_specs(what: str, candidates: Sequence[Sequence[SpecEntry]]) -> list[SpecEntry]:
     """The result spec from, per result dim, the spec entries of the operand dims that
     lie along it (None: unsharded). Two different shardings of one dim, or one mesh axis
     on two dims, is an error, as for jax's own ops under explicit axes."""
-    out, used = [], set()
+    out: list[SpecEntry] = []
+    used: set[str] = set()
     for d, cands in enumerate(candidates):
         vals = {c for c in cands if c is not None}
         if len(vals) > 1:
@@ -96,11 +114,12 @@ def merge_specs(what: str, candidates) -> list:
     return out
 
 
-def _partitioned(ctx, raw, spmd, args, params):
+def _partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+                 params: dict[str, Any]) -> IrValues:
     """Lowers `raw` (the unpartitioned primitive, same operands and params) through
     custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
     back into spmd.partition to lower one shard."""
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding
 
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
@@ -109,7 +128,10 @@ def _partitioned(ctx, raw, spmd, args, params):
     assert _compat.custom_partitioning is not None
     fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
 
-    def partition(mesh, arg_shapes, result_shape):
+    def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
+                  result_shape: jax.ShapeDtypeStruct
+                  ) -> tuple[jax.sharding.Mesh, Callable[..., jax.Array], NamedSharding,
+                             tuple[NamedSharding, ...]]:
         o = _compat.spec_entries(result_shape)
         mesh_shape = dict(mesh.shape)
         in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, **params)
@@ -126,14 +148,15 @@ def _partitioned(ctx, raw, spmd, args, params):
     fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
                      # Shardy's verifier wants them in the order the rule introduces them.
                      need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
-                                                           key=order.get)))
-    return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+                                                           key=order.__getitem__)))
+    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
+    return rule(ctx, *args)
 
 
 class _ShardBody:
     """A shard's computation as an equation parameter: hashed and compared by identity."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[..., jax.Array]) -> None:
         self.fn = fn
 
 
@@ -146,24 +169,29 @@ class _ShardBody:
 _shard_local_p = _compat.Primitive(_names.SHARD_LOCAL)
 
 
-def _shard_local_abstract_eval(*avals, body, out):
+def _shard_local_abstract_eval(*avals: Aval, body: _ShardBody,
+                               out: tuple[tuple[int, ...], np.dtype[Any]]) -> Aval:
     return jax.core.ShapedArray(out[0], out[1])
 
 
-def _shard_local_lowering(ctx, *args, body, out):
+def _shard_local_lowering(ctx: Ctx, *args: ir.Value[Any], body: _ShardBody,
+                          out: tuple[tuple[int, ...], np.dtype[Any]]) -> IrValues:
     with _compat.no_mesh():
-        plain = ctx.replace(avals_in=[_compat.without_sharding(a) for a in ctx.avals_in],
-                            avals_out=[_compat.without_sharding(a) for a in ctx.avals_out])
-        return mlir.lower_fun(body.fn, multiple_results=False)(plain, *args)
+        # LoweringRuleContext.replace is unannotated in jax.
+        plain = ctx.replace(  # type: ignore[no-untyped-call]
+            avals_in=[_compat.without_sharding(a) for a in ctx.avals_in],
+            avals_out=[_compat.without_sharding(a) for a in ctx.avals_out])
+        rule: mlir.LoweringRule = mlir.lower_fun(body.fn, multiple_results=False)
+        return rule(plain, *args)
 
 
 _shard_local_p.def_abstract_eval(_shard_local_abstract_eval)
 _compat.register_lowering(_shard_local_p, _shard_local_lowering, cacheable=False)
 
 
-def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
-             inspects_operands: bool = False, spmd: Spmd | None = None,
-             partition_lax: bool = False):
+def register(prim: _compat.Primitive, names: _names.OpNames, lax_impl: Callable[..., Any],
+             native_rule: NativeRule, *, inspects_operands: bool = False,
+             spmd: Spmd | None = None, partition_lax: bool = False) -> None:
     """Lowerings for `prim` (the op `names`): `lax_impl` (a jax function of the operands
     and params) on every platform; on CPU `native_rule(ctx, *args, **params)` where the
     primitive was bound with impl="native", or with impl="auto" and the cost model
@@ -180,22 +208,23 @@ def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
 
     `partition_lax`: on CPU the lax path partitions by `spmd` too (each shard runs the lax
     ops), where XLA's own partitioning of them would lose bits."""
-    lax_rule = mlir.lower_fun(lax_impl, multiple_results=prim.multiple_results)
-    extra = lambda ctx, args: (  # noqa: E731
+    lax_rule: mlir.LoweringRule = mlir.lower_fun(lax_impl,
+                                                 multiple_results=prim.multiple_results)
+    extra: Callable[[Ctx, Sequence[ir.Value[Any]]], dict[str, Any]] = lambda ctx, args: (
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
         if inspects_operands else {})
-    raw = None  # the primitive custom_partitioning re-binds per shard, where it can
+    raw: _compat.Primitive | None = None  # what custom_partitioning re-binds per shard
     if spmd is not None and _compat.require_devices_during_lowering(prim):
         raw = _shard_primitive(prim, names.shard_primitives[0], lax_rule, native_rule,
                                inspects_operands)
-    raw_lax = None
+    raw_lax: _compat.Primitive | None = None
     if raw is not None and partition_lax:
         raw_lax = _shard_primitive(prim, names.shard_primitives[1], lax_rule,
                                    lambda *a, **p: None, False)
 
     op = names.op
 
-    def choose(ctx, args, params) -> auto.Choice:
+    def choose(ctx: Ctx, args: Sequence[ir.Value[Any]], params: dict[str, Any]) -> auto.Choice:
         requested = params.get("impl")
         if requested == "lax":
             return auto.Choice(False, "requested")
@@ -205,7 +234,7 @@ def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
             return auto.Choice(True, "requested")
         return auto.choose(names, prim, ctx, args, params)
 
-    def cpu_rule(ctx, *args, **params):
+    def cpu_rule(ctx: Ctx, *args: ir.Value[Any], **params: Any) -> IrValues:
         choice = choose(ctx, args, params)
         use, why = choice.native, choice.reason
         if use:
@@ -216,36 +245,37 @@ def register(prim, names: _names.OpNames, lax_impl, native_rule, *,
                                      f"cannot take this call: "
                                      f"{beyond}. Use impl='auto' or 'lax', which compute it.")
                 use, why = False, beyond
-        out = None
+        out: IrValues | None = None
         if use:
-            if raw is not None and _compat.spmd_mesh_shape(ctx) is not None:
+            if raw is not None and spmd is not None and _compat.spmd_mesh_shape(ctx) is not None:
                 out = _partitioned(ctx, raw, spmd, args, params | extra(ctx, args))
             else:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
                 why = "dtype not handled natively"
-        explain.record(ctx, op, "native" if out is not None else "lax", params.get("impl"), why,
+        explain.record(ctx, op, "native" if out is not None else "lax", params["impl"], why,
                        choice.est_native_s, choice.est_lax_s, choice.site)
-        if out is None and raw_lax is not None and _compat.spmd_mesh_shape(ctx) is not None:
+        if (out is None and raw_lax is not None and spmd is not None
+                and _compat.spmd_mesh_shape(ctx) is not None):
             out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
 
 
-def kernel_limit(names: _names.OpNames, ctx, params) -> str | None:
+def kernel_limit(names: _names.OpNames, ctx: Ctx, params: Mapping[str, Any]) -> str | None:
     """Why the native kernels cannot take this call, or None: their index state holds at
     most MAX_RANK dims. Gather and scatter-add walk `nbatch` leading batch dims and the
     rest of each operand apart, each up to the limit; select walks the result with size-1
     dims dropped (the kernel's collapse), so only other dims count."""
     limit = _native.MAX_RANK
-    avals = list(ctx.avals_in) + list(ctx.avals_out)
+    avals: list[Aval] = list(ctx.avals_in) + list(ctx.avals_out)
     labels = names.operands + ("the result",) * len(ctx.avals_out)
     nbatch = int(params.get("nbatch", 0))
     if nbatch > limit:
         return (f"{nbatch} batch dims (nested vmaps) are above the native kernels' limit of "
                 f"{limit}")
-    counted = []
+    counted: list[tuple[int, str, Aval, str]] = []
     for name, a in zip(labels, avals):
         if "nbatch" in params:
             n, what = len(a.shape) - nbatch, f"past its {nbatch} batch dims"
@@ -261,7 +291,8 @@ def kernel_limit(names: _names.OpNames, ctx, params) -> str | None:
             f"kernels' limit of {limit}")
 
 
-def _shard_primitive(prim, name: str, lax_rule, native_rule, inspects_operands: bool):
+def _shard_primitive(prim: _compat.Primitive, name: str, lax_rule: mlir.LoweringRule,
+                     native_rule: NativeRule, inspects_operands: bool) -> _compat.Primitive:
     """The unpartitioned primitive `name` that custom_partitioning wraps and re-binds on
     local shapes: the outer primitive's abstract eval, the native rule (else lax)."""
     raw = _compat.Primitive(name)
@@ -269,7 +300,8 @@ def _shard_primitive(prim, name: str, lax_rule, native_rule, inspects_operands: 
     raw.def_effectful_abstract_eval(
         lambda *avals, donated=(), **params: prim.abstract_eval(*avals, **params))
 
-    def raw_cpu_rule(ctx, *args, donated=(), **params):
+    def raw_cpu_rule(ctx: Ctx, *args: ir.Value[Any], donated: tuple[bool, ...] = (),
+                     **params: Any) -> IrValues:
         kw = {"donated": donated} if inspects_operands else {}
         out = native_rule(ctx, *args, **params, **kw)
         return out if out is not None else lax_rule(ctx, *args, **params)
@@ -279,25 +311,26 @@ def _shard_primitive(prim, name: str, lax_rule, native_rule, inspects_operands: 
     return raw
 
 
-def _register_rules(prim, op: str | None, cpu_rule, lax_rule):
+def _register_rules(prim: _compat.Primitive, op: str | None, cpu_rule: mlir.LoweringRule,
+                    lax_rule: mlir.LoweringRule) -> None:
     """One lowering rule for every platform: `cpu_rule` when lowering for CPU alone,
     `lax_rule` otherwise, including a lowering for several platforms at once
     (``jax.export(..., platforms=("cpu", "cuda"))``): such an artifact is one portable
     program, the same on each. (A CPU-specific rule beside a default one would also
     break there: jax 0.10.2's per-platform switch fails on rules that are not cached.)"""
-    def rule(ctx, *args, **params):
+    def rule(ctx: Ctx, *args: ir.Value[Any], **params: Any) -> IrValues:
         platforms = tuple(getattr(ctx, "platforms", None) or ctx.module_context.platforms)
         if platforms == ("cpu",):
             return cpu_rule(ctx, *args, **params)
         if op is not None and "cpu" in platforms:
-            explain.record(ctx, op, "lax", params.get("impl"),
+            explain.record(ctx, op, "lax", params["impl"],
                          f"lowered for several platforms {platforms}")
         return lax_rule(ctx, *args, **params)
 
     _compat.register_lowering(prim, rule, cacheable=False)
 
 
-def definitely_zero(d) -> bool:
+def definitely_zero(d: object) -> bool:
     """d == 0 for an int or a symbolic dimension (False when it cannot be decided)."""
     try:
         return bool(d == 0)
@@ -323,13 +356,13 @@ XLA_INEXACT = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3", "float8_e3m4"
 BYTE_VIEW = frozenset({"bfloat16"})
 
 
-def view_dims(dtype, bytes: bool = False) -> tuple[int, ...]:
+def view_dims(dtype: DTypeLike, bytes: bool = False) -> tuple[int, ...]:
     """The trailing dims exact_view adds for `dtype`: (itemsize,) for a byte view."""
     dt = np.dtype(dtype)
     return (dt.itemsize,) if bytes and dt.name in BYTE_VIEW else ()
 
 
-def exact_view(x, bytes: bool = False):
+def exact_view(x: jax.Array, bytes: bool = False) -> jax.Array:
     """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: with
     `bytes`, uint8 with a trailing dim of the itemsize for BYTE_VIEW dtypes; otherwise
     (and for the other dtypes) a same-width uint."""
@@ -347,18 +380,18 @@ def exact_view(x, bytes: bool = False):
     return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
 
 
-def explicit_sharding(aval, extra=()):
+def explicit_sharding(aval: Aval, extra: Sequence[int] = ()) -> jax.sharding.NamedSharding | None:
     """The NamedSharding of `aval` (plus unsharded `extra` dims) where it lies on a mesh
     with explicit axes, whose ops want their results' shardings spelled out; else None."""
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
         return None
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding
     return NamedSharding(mesh, PartitionSpec(*_compat.spec_entries(aval), *[None] * len(extra)))
 
 
-def from_view(v, dtype):
+def from_view(v: jax.Array, dtype: DTypeLike) -> jax.Array:
     """Inverse of exact_view for values of `dtype`."""
     dt = np.dtype(dtype)
     if v.dtype == dt:

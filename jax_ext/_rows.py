@@ -7,15 +7,20 @@ kernels. Nothing here binds a primitive.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from . import _compat
 from ._common import fmt_shape as _fmt
+from ._compat import Aval, SpecEntry
 
 
-def batch_shape(avals, nbatch):
+def batch_shape(avals: Sequence[Aval], nbatch: int) -> tuple[int, ...]:
     """The full batch shape: per dim, the extent of the operands that are not broadcast
     along it (those have 1). Not the largest extent: a vmap over 0 examples has batch 0,
     and a symbolic extent (jax.export) cannot be compared with another."""
@@ -26,19 +31,21 @@ def batch_shape(avals, nbatch):
     return tuple(out)
 
 
-def is_one(d) -> bool:
+def is_one(d: object) -> bool:
     """d == 1 for an int; for a symbolic dim, only when it is the constant 1."""
     return isinstance(d, (int, np.integer)) and int(d) == 1
 
 
-def check_batch(op, name, a, bshape, nbatch, rest_rank):
+def check_batch(op: str, name: str, a: Aval, bshape: Sequence[int], nbatch: int,
+                rest_rank: int) -> None:
     if a.ndim != nbatch + rest_rank or any(
             a.shape[j] not in (1, bshape[j]) for j in range(nbatch)):
         raise ValueError(f"{op}: {name} {_fmt(a.shape)} does not fit batch "
                          f"{_fmt(bshape)}")
 
 
-def batch_spec_candidates(avals, bshape):
+def batch_spec_candidates(avals: Sequence[Aval],
+                          bshape: Sequence[int]) -> list[list[SpecEntry]]:
     """Per batch dim, the spec entries of the operands that carry it at full size."""
     return [[_compat.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
             for j, b in enumerate(bshape)]
@@ -46,7 +53,8 @@ def batch_spec_candidates(avals, bshape):
 
 # --- which rows are real: the lax paths, the JVP and the pad gradient -------------
 
-def rows(offsets, index, num, *, sshape, dim, check_bounds):
+def rows(offsets: jax.Array, index: jax.Array, num: jax.Array, *, sshape: Sequence[int],
+         dim: int, check_bounds: bool) -> tuple[jax.Array, jax.Array]:
     """For operands with leading (broadcastable) batch dims: (valid, row), both of the
     broadcast batch shape + (n,). `row` is the flat row of one src viewed as
     (prod(sshape[:dim+1]), ...), clamped into range (0 where invalid); `valid` is False
@@ -89,7 +97,7 @@ def rows(offsets, index, num, *, sshape, dim, check_bounds):
     return valid, row.astype(row_dtype(sshape[:dim + 1], wide))
 
 
-def row_dtype(dims, carrier):
+def row_dtype(dims: Sequence[int], carrier: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype the lax paths hand XLA their row ids in: int32 when the flat row count
     (one past the largest id, which the scatter-add uses for pad rows) fits it, as jnp
     narrows its gather and scatter indices; else the carrier (int64 under x64; a symbolic
@@ -104,28 +112,28 @@ def row_dtype(dims, carrier):
     return np.dtype(np.int32) if total <= np.iinfo(np.int32).max else carrier
 
 
-def pad_mask(valid, last, row_len, mid):
+def pad_mask(valid: jax.Array, last: int, row_len: int, mid: Sequence[int]) -> jax.Array:
     """True at every padded position of a result: bshape + (n, *mid, row_len)."""
     col = jnp.arange(row_len) >= last
     v = valid.reshape(valid.shape + (1,) * len(mid) + (1,))
     return ~v | col
 
 
-def batch_factors(k, a, bshape, names):
+def batch_factors(k: int, a: Aval, bshape: Sequence[int], names: Sequence[str]) -> list[str]:
     return [names[j] if a.shape[j] == bshape[j] else f"z{k}_{j}" for j in range(len(bshape))]
 
 
-def batch_spec(o, a, bshape):
+def batch_spec(o: Sequence[SpecEntry], a: Aval, bshape: Sequence[int]) -> list[SpecEntry]:
     """The batch part of operand `a`'s spec: the result's entry `o[j]` where `a` has the
     full batch extent, None where it is broadcast (size 1)."""
     return [o[j] if a.shape[j] == bshape[j] else None for j in range(len(bshape))]
 
 
-def nonunit(o, shape):
+def nonunit(o: Sequence[SpecEntry], shape: Sequence[int]) -> list[SpecEntry]:
     return [None if n == 1 else e for n, e in zip(shape, o)]
 
 
-def lead(x, bd):
+def lead(x: jax.Array, bd: int | None) -> jax.Array:
     """Moves the new batch dim to the front, or adds a size-1 one (broadcast)."""
     if bd is None:
         return lax.expand_dims(x, (0,))
