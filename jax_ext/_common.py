@@ -4,7 +4,7 @@ transposes a broadcast."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ def result_dim(d: Any) -> Any:
 PY_SCALARS = (bool, int, float, complex)
 
 
-def is_py_scalar(v: Any) -> bool:
+def is_py_scalar(v: Any) -> TypeGuard[bool | int | float | complex]:
     """A weakly typed Python scalar (numpy scalars such as np.float64 are strongly typed,
     though np.float64 subclasses float)."""
     return isinstance(v, PY_SCALARS) and not isinstance(v, np.generic)
@@ -100,7 +100,9 @@ def is_extended(v: Any) -> bool:
         return False
 
 
-def is_key(v: Any) -> bool:
+def is_key(v: Any) -> TypeGuard[jax.Array]:
+    """A typed PRNG key array: of the operands jax_ext takes (ArrayLike), only a jax
+    array can hold a key dtype."""
     return is_extended(v) and jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
 
 

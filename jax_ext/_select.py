@@ -14,43 +14,50 @@ result; the primitive ``jax_ext_select`` takes
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeGuard
+
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from . import _compat, _config, _lowering, _names
+from ._compat import Aval, Primal, SpecEntry, Tangent, ir
 from ._primitives import select_p
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
                       is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 from ._types import AutoBroadcast
 
 Zero = _compat.Zero
+# A value operand once checked: an array, or a Python scalar typed later against the other.
+Value = jax.Array | bool | int | float | complex
 
 
 # --- front-end helpers --------------------------------------------------------------
 
-def _as_array(v, arg: str, fn: str):
+def _as_array(v: ArrayLike, arg: str, fn: str) -> Value:
     if is_py_scalar(v):
         return v  # a weakly typed Python scalar: typed later against the other operand
     return as_array(v, f"{arg} must be an array or a scalar", fn)
 
 
-def _condition(c, arg: str, fn: str):
+def _condition(c: ArrayLike, arg: str, fn: str) -> jax.Array:
     if isinstance(c, bool):
         c = np.bool_(c)
-    c = _as_array(c, arg, fn)
-    if not hasattr(c, "dtype"):  # a Python int/float/complex
-        raise TypeError(f"{fn}: {arg} must have dtype bool, got {type(c).__name__} {c!r}")
-    if c.dtype != jnp.bool_:
-        raise TypeError(f"{fn}: {arg} must have dtype bool, got {c.dtype} with shape "
-                        f"{_fmt(c.shape)}")
-    return c
+    a = _as_array(c, arg, fn)
+    if not isinstance(a, jax.Array):  # a Python int/float/complex
+        raise TypeError(f"{fn}: {arg} must have dtype bool, got {type(a).__name__} {a!r}")
+    if a.dtype != jnp.bool_:
+        raise TypeError(f"{fn}: {arg} must have dtype bool, got {a.dtype} with shape "
+                        f"{_fmt(a.shape)}")
+    return a
 
 
-def _key_values(x, y, names, fn):
+def _key_values(x: ArrayLike, y: ArrayLike, names: tuple[str, str],
+                fn: str) -> tuple[jax.Array, jax.Array]:
     """Two key arrays of one PRNG implementation, or TypeError naming them."""
     for n, v in zip(names, (x, y)):
         check_extended(v, n, fn)
@@ -63,7 +70,8 @@ def _key_values(x, y, names, fn):
     return x, y
 
 
-def _values(x, y, names: tuple[str, str], fn: str):
+def _values(x: ArrayLike, y: ArrayLike, names: tuple[str, str],
+            fn: str) -> tuple[jax.Array, jax.Array]:
     """Both value operands with one dtype, by jnp.where's rules for weak types: a
     weakly typed operand (a Python scalar, or a weakly typed array such as a Python
     scalar passed to jit) takes the other's dtype when it is of the same or a lower kind
@@ -76,25 +84,29 @@ def _values(x, y, names: tuple[str, str], fn: str):
             raise TypeError(f"{fn}: {n} must be an array or a scalar, got {describe(v)}")
     if is_extended(x) or is_extended(y):
         return _key_values(x, y, names, fn)
-    x, y = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
-    strong = [not is_py_scalar(v) and not jax.typeof(v).weak_type for v in (x, y)]
-    if all(strong) and x.dtype != y.dtype:
+    xv, yv = _as_array(x, names[0], fn), _as_array(y, names[1], fn)
+    if _strong(xv) and _strong(yv) and xv.dtype != yv.dtype:
         hint = ""
-        if any(v.ndim == 0 and v.dtype == np.bool_ for v in (x, y)):
+        if any(v.ndim == 0 and v.dtype == np.bool_ for v in (xv, yv)):
             hint = ("; a Python bool passed as a jax.jit argument arrives as a typed bool[] "
                     "(JAX gives bools no weak type): make that argument static, or pass it "
                     "in the other operand's dtype")
         raise TypeError(f"{fn}: {names[0]} and {names[1]} must have the same dtype, got "
-                        f"{names[0]}: {x.dtype}{_fmt(x.shape)} and {names[1]}: {y.dtype}"
-                        f"{_fmt(y.shape)} (jax_ext never promotes two typed arrays; cast one "
+                        f"{names[0]}: {xv.dtype}{_fmt(xv.shape)} and {names[1]}: {yv.dtype}"
+                        f"{_fmt(yv.shape)} (jax_ext never promotes two typed arrays; cast one "
                         f"explicitly){hint}")
-    dt, weak = jax.dtypes.result_type(x, y, return_weak_type_flag=True)
-    return tuple(_typed(v, n, dt, weak, fn) for n, v in zip(names, (x, y)))
+    dt, weak = jax.dtypes.result_type(xv, yv, return_weak_type_flag=True)
+    return _typed(xv, names[0], dt, weak, fn), _typed(yv, names[1], dt, weak, fn)
 
 
-def _typed(v, name: str, dt, weak: bool, fn: str):
+def _strong(v: Value) -> TypeGuard[jax.Array]:
+    """A strongly typed array (not a Python scalar, nor weakly typed like one)."""
+    return not is_py_scalar(v) and not jax.typeof(v).weak_type
+
+
+def _typed(v: Value, name: str, dt: np.dtype[Any], weak: bool, fn: str) -> jax.Array:
     """One value operand as the promoted dtype `dt` (weakly typed when `weak`)."""
-    if is_py_scalar(v):
+    if not isinstance(v, jax.Array):  # a Python scalar
         v = scalar_as(v, dt, name, fn)  # strong: made weak below where the pair is
         if not weak:
             return v
@@ -103,7 +115,8 @@ def _typed(v, name: str, dt, weak: bool, fn: str):
     return _compat.convert_element_type(v, dt, weak_type=weak)
 
 
-def _broadcast_shapes(shapes, names, fn: str):
+def _broadcast_shapes(shapes: Sequence[Sequence[int]], names: Sequence[str],
+                      fn: str) -> tuple[int, ...]:
     rank = max(len(s) for s in shapes)
     out = []
     for i in range(rank):
@@ -120,7 +133,8 @@ def _right_aligned(ndim: int, rank: int) -> tuple[int, ...]:
     return tuple(range(rank - ndim, rank))
 
 
-def _bind(cond, x, y, out_shape, dims, api):
+def _bind(cond: jax.Array, x: jax.Array, y: jax.Array, out_shape: Sequence[int],
+          dims: Sequence[Sequence[int]], api: str) -> jax.Array:
     if is_key(x):
         # Keys move as their key data, uint32[..., k]: the condition maps onto the
         # leading dims only, the words of one key travel together, exactly.
@@ -129,7 +143,8 @@ def _bind(cond, x, y, out_shape, dims, api):
         r = len(out_shape)
         out = _bind(cond, xd, yd, tuple(out_shape) + (xd.shape[-1],),
                     (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)), api)
-        return jax.random.wrap_key_data(out, impl=impl)
+        keys: jax.Array = jax.random.wrap_key_data(out, impl=impl)  # untyped on jax 0.10.2
+        return keys
     return select_p.bind(cond, x, y, out_shape=tuple(result_dim(d) for d in out_shape),
                          dims=tuple(tuple(d) for d in dims), impl=_config.current(),
                          api=api)
@@ -307,7 +322,8 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
 
 # --- the primitive's rules ----------------------------------------------------------
 
-def _abstract_eval(cond, x, y, *, out_shape, dims, impl, api):
+def _abstract_eval(cond: Aval, x: Aval, y: Aval, *, out_shape: Sequence[int],
+                   dims: Sequence[Sequence[int]], impl: str, api: str) -> Aval:
     for name, a, d in zip(("cond", "x", "y"), (cond, x, y), dims):
         if len(d) != a.ndim or len(set(d)) != len(d) or any(
                 not 0 <= o < len(out_shape) or a.shape[j] not in (1, out_shape[o])
@@ -324,8 +340,11 @@ def _abstract_eval(cond, x, y, *, out_shape, dims, impl, api):
                                 weak_type=bool(x.weak_type and y.weak_type))
 
 
-def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, api, donated=(False,) * 3):
-    avals = ctx.avals_in
+def _native_lowering(ctx: _lowering.Ctx, cond: ir.Value[Any], x: ir.Value[Any],
+                     y: ir.Value[Any], *, out_shape: Sequence[int],
+                     dims: Sequence[Sequence[int]], impl: str, api: str,
+                     donated: Sequence[bool] = (False,) * 3) -> _compat.IrValues | None:
+    avals: Sequence[Aval] = ctx.avals_in
     if not _lowering.native_dtype_ok(avals[1].dtype):
         return None
     # In place: alias x to the result when it is laid out like the result and the caller
@@ -340,7 +359,8 @@ def _native_lowering(ctx, cond, x, y, *, out_shape, dims, impl, api, donated=(Fa
                               x_dims=dims[1], y_dims=dims[2])
 
 
-def _expand(a, d, out_shape, sharding=None):
+def _expand(a: jax.Array, d: Sequence[int], out_shape: Sequence[int],
+            sharding: jax.sharding.NamedSharding | None = None) -> jax.Array:
     """broadcast_in_dim of `a` (its dims mapped by `d`) onto out_shape, as jnp.where does;
     broadcast_in_dim wants its dimensions sorted. `sharding`: the result's, under
     explicit mesh axes (jax wants it spelled out there)."""
@@ -353,7 +373,8 @@ def _expand(a, d, out_shape, sharding=None):
                                 out_sharding=sharding)
 
 
-def _lax_impl(cond, x, y, *, out_shape, dims, impl, api):
+def _lax_impl(cond: jax.Array, x: jax.Array, y: jax.Array, *, out_shape: Sequence[int],
+              dims: Sequence[Sequence[int]], impl: str, api: str) -> jax.Array:
     """broadcast_in_dim + select_n, as jnp.where, so XLA fuses it with the ops around it
     (and updates a donated operand in place); bit-exact through _lowering.exact_view, the
     same-width one (see there)."""
@@ -370,7 +391,8 @@ def _lax_impl(cond, x, y, *, out_shape, dims, impl, api):
     return _lowering.from_view(out, x.dtype)
 
 
-def _spmd_rule(avals_in, aval_out, *, out_shape, dims, **_):
+def _spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[int],
+               dims: Sequence[Sequence[int]], **_: Any) -> _lowering.Factors:
     """Element-wise: an operand dim of full size shares the result dim's factor; a
     broadcast (size-1) dim gets a factor of its own, so it never limits the sharding."""
     f_out = [f"o{o}" for o in range(len(out_shape))]
@@ -379,7 +401,9 @@ def _spmd_rule(avals_in, aval_out, *, out_shape, dims, **_):
     return f_in, f_out, ()
 
 
-def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **params):
+def _spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
+                    avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[int],
+                    dims: Sequence[Sequence[int]], **params: Any) -> _lowering.Partition:
     """Each device selects its own block: operands sharded like the result (broadcast
     dims replicated), the kernel bound on the block's shape. Nothing is communicated."""
     o = tuple(None if n == 1 else e for n, e in zip(out_shape, o))
@@ -387,16 +411,19 @@ def _spmd_partition(o, mesh_shape, avals_in, aval_out, *, out_shape, dims, **par
                  for j, d in enumerate(dd)] for a, dd in zip(avals_in, dims)]
     local_shape = tuple(_lowering.local_size(n, e, mesh_shape) for n, e in zip(out_shape, o))
 
-    def local(bind, cond, x, y):
+    def local(bind: Callable[..., jax.Array], cond: jax.Array, x: jax.Array,
+              y: jax.Array) -> jax.Array:
         return bind(cond, x, y, out_shape=local_shape, dims=dims, **params)
     return in_specs, o, local
 
 
-def _zero_scalar(dtype):
+def _zero_scalar(dtype: DTypeLike) -> jax.Array:
     return jnp.zeros((), dtype)
 
 
-def _jvp(primals, tangents, *, out_shape, dims, impl, api):
+def _jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *,
+         out_shape: Sequence[int], dims: Sequence[Sequence[int]], impl: str,
+         api: str) -> tuple[jax.Array, Tangent]:
     cond, x, y = primals
     tx, ty = (_compat.instantiate_tangent(t, p) for t, p in zip(tangents[1:], (x, y)))
     out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl, api=api)
@@ -413,7 +440,8 @@ def _jvp(primals, tangents, *, out_shape, dims, impl, api):
                               api=api)
 
 
-def _unbroadcast(t, shape, d, out_shape):
+def _unbroadcast(t: jax.Array, shape: Sequence[int], d: Sequence[int],
+                 out_shape: Sequence[int]) -> jax.Array:
     """Transpose of reading an operand of `shape` through map `d`: sum the cotangent
     over every result dimension the operand was broadcast along."""
     t = jnp.sum(t, axis=tuple(o for o in range(len(out_shape)) if o not in d))
@@ -422,10 +450,11 @@ def _unbroadcast(t, shape, d, out_shape):
     return sum_to_shape(t, shape)
 
 
-def _transpose(ct, cond, x, y, *, out_shape, dims, impl, api):
+def _transpose(ct: Tangent, cond: Primal, x: Primal, y: Primal, *, out_shape: Sequence[int],
+               dims: Sequence[Sequence[int]], impl: str, api: str) -> list[Tangent | None]:
     if _compat.is_undefined_primal(cond):
         raise ValueError("jax_ext_select is not linear in its condition")
-    outs = [None]
+    outs: list[Tangent | None] = [None]
     for k, arg in ((1, x), (2, y)):
         if not _compat.is_undefined_primal(arg):
             outs.append(None)
@@ -443,7 +472,9 @@ def _transpose(ct, cond, x, y, *, out_shape, dims, impl, api):
     return outs
 
 
-def _batch(axis_size, args, bdims, *, out_shape, dims, impl, api):
+def _batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None], *,
+           out_shape: Sequence[int], dims: Sequence[Sequence[int]], impl: str,
+           api: str) -> tuple[jax.Array, int]:
     """One call with a new leading result dimension: a batched operand maps its batch
     dimension onto it, an unbatched one is broadcast along it (zero stride)."""
     new_dims = []
