@@ -27,30 +27,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from . import _compat, _config, _lowering, _names, _rows
+from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 # gather's transpose binds the scatter-add, whose rules _scatter_add registers
 from . import _scatter_add  # noqa: F401
 from ._primitives import gather_p, scatter_add_p
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
-                      is_extended, is_py_scalar, result_dim, scalar_as, sum_to_shape)
+                      is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
 
 Zero = _compat.Zero
 
 
-def _is_int_dtype(dt) -> bool:
+def _is_int_dtype(dt: DTypeLike) -> bool:
     return jnp.issubdtype(dt, jnp.integer)
 
 
-def _static_int(v):
+def _static_int(v: object) -> int | None:
     """A Python/numpy integer as int, None for anything else (bool is not an integer)."""
     if isinstance(v, (bool, np.bool_)):
         return None
@@ -59,11 +60,11 @@ def _static_int(v):
     return None
 
 
-def _int_scalar(v, what: str, fn: str):
-    """A static int or an integer 0-d array -> (static int or None, array or None)."""
+def _int_scalar(v: object, what: str, fn: str) -> int | jax.Array:
+    """A static int, or an integer 0-d array."""
     s = _static_int(v)
     if s is not None:
-        return s, None
+        return s
     if isinstance(v, (bool, np.bool_, float, complex)):
         raise TypeError(f"{fn}: {what} must be an integer, got {type(v).__name__} {v!r}")
     if not is_arraylike(v):
@@ -80,16 +81,16 @@ def _int_scalar(v, what: str, fn: str):
     if a.ndim != 0:
         raise ValueError(f"{fn}: {what} must be a scalar, got shape {_fmt(a.shape)} "
                          f"({a.dtype})")
-    return None, a
+    return a
 
 
-def _carrier():
+def _carrier() -> np.dtype[Any]:
     """The integer type offsets and num_indices travel in: int64 with jax_enable_x64,
     int32 without (jax has no 64-bit arrays then)."""
     return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
 
 
-def _to_carrier(a, *, saturate_to=None):
+def _to_carrier(a: jax.Array, *, saturate_to: int | None = None) -> jax.Array:
     """Integer scalar array -> the carrier type; unsigned values above its maximum
     saturate (to `saturate_to` when given)."""
     c = _carrier()
@@ -102,7 +103,7 @@ def _to_carrier(a, *, saturate_to=None):
     return a.astype(c)
 
 
-def _maybe_le(a, b) -> bool:
+def _maybe_le(a: int, b: int) -> bool:
     """a <= b, or True when b is a symbolic dim the comparison cannot decide (the kernel
     clamps num_indices into [0, n] at run time)."""
     try:
@@ -111,7 +112,7 @@ def _maybe_le(a, b) -> bool:
         return True
 
 
-def _align_bytes(align_bytes, unit: int, what: str, fn: str):
+def _align_bytes(align_bytes: object, unit: int, what: str, fn: str) -> int | None:
     """align_bytes as an int (or None), checked: a positive multiple of `unit` bytes (an
     element, or one key), at most 2**31."""
     if align_bytes is None:
@@ -123,7 +124,7 @@ def _align_bytes(align_bytes, unit: int, what: str, fn: str):
     return ab
 
 
-def _row_len(last: int, itemsize: int, align_bytes) -> int:
+def _row_len(last: int, itemsize: int, align_bytes: int | None) -> int:
     if align_bytes is None:
         return last
     nbytes = last * itemsize
@@ -235,7 +236,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
 
 # --- gather's arguments, one step each ------------------------------------------------
 
-def _check_dim(src, dim, fn: str) -> int:
+def _check_dim(src: jax.Array, dim: object, fn: str) -> int:
     """dim as an int: a Python int with 0 <= dim < src.ndim - 1."""
     d = _static_int(dim)
     if d is None:
@@ -250,7 +251,7 @@ def _check_dim(src, dim, fn: str) -> int:
     return d
 
 
-def _offsets_operand(offsets, dim: int, fn: str):
+def _offsets_operand(offsets: object, dim: int, fn: str) -> jax.Array:
     """offsets (a sequence of dim + 1 integers, static or traced, or a rank-1 integer
     array) as one vector of the carrier type."""
     if is_arraylike(offsets) and not is_py_scalar(offsets):
@@ -272,19 +273,19 @@ def _offsets_operand(offsets, dim: int, fn: str):
     offs = []
     cdt = _carrier()
     for k, o in enumerate(offsets):
-        s, a = _int_scalar(o, f"offsets[{k}]", fn)
-        if s is not None:
+        s = _int_scalar(o, f"offsets[{k}]", fn)
+        if isinstance(s, int):
             if not np.iinfo(cdt).min <= s <= np.iinfo(cdt).max:
                 raise ValueError(f"{fn}: offsets[{k}]={s} does not fit in {cdt.name}"
                                  + ("" if cdt == np.int64 else " (enable jax_enable_x64 for "
                                     "64-bit offsets)"))
             offs.append(jnp.asarray(s, cdt))
         else:
-            offs.append(_to_carrier(a))
+            offs.append(_to_carrier(s))
     return jnp.stack(offs)
 
 
-def _index_operand(index, fn: str):
+def _index_operand(index: ArrayLike, fn: str) -> jax.Array:
     """index as a rank-1 integer array, in its own dtype. A numpy index wider than the
     dtype jax will hold it in (int64 or uint64 with jax_enable_x64 off: 32 bits) must fit
     it: jnp.asarray would wrap 2**32 + 1 to 1, a real row."""
@@ -309,23 +310,23 @@ def _index_operand(index, fn: str):
     return index
 
 
-def _num_indices_operand(num_indices, index, fn: str):
+def _num_indices_operand(num_indices: object, index: jax.Array, fn: str) -> jax.Array:
     """num_indices (None: all n rows) as a carrier scalar; a static one must lie in
     [0, n], a traced one saturates."""
     n = index.shape[0]
     cdt = _carrier()
     if num_indices is None:
         return jnp.asarray(n, cdt)
-    s, a = _int_scalar(num_indices, "num_indices", fn)
-    if s is None:
-        return _to_carrier(a, saturate_to=n)
+    s = _int_scalar(num_indices, "num_indices", fn)
+    if not isinstance(s, int):
+        return _to_carrier(s, saturate_to=n)
     if not (0 <= s and _maybe_le(s, n)):
         raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
                          f"{_fmt(index.shape)}")
     return jnp.asarray(s, cdt)
 
 
-def _pad_operand(pad_value, src, fn: str):
+def _pad_operand(pad_value: object, src: jax.Array, fn: str) -> jax.Array:
     """pad_value (None: 0) as a scalar of src's dtype. A weakly typed pad (a Python
     scalar, or one passed to jit) follows the selects' rule against src: of src's kind
     or a lower one it takes src's dtype (a Python int must fit it); one that would promote
@@ -351,7 +352,7 @@ def _pad_operand(pad_value, src, fn: str):
     return p.astype(sdt)
 
 
-def _pad_kind(pad, sdt, what: str, fn: str) -> None:
+def _pad_kind(pad: object, sdt: np.dtype[Any], what: str, fn: str) -> None:
     to = jax.dtypes.result_type(sdt, pad)
     if to != sdt:
         raise TypeError(f"{fn}: {what} would promote src's dtype {sdt.name} to {to.name}, as "
@@ -359,7 +360,7 @@ def _pad_kind(pad, sdt, what: str, fn: str) -> None:
                         "src's kind, or cast src")
 
 
-def _check_bounds(check_bounds, fn: str) -> bool:
+def _check_bounds(check_bounds: object, fn: str) -> bool:
     """check_bounds as a bool: it picks the kernel's mode while tracing, so it must be
     static, a Python bool (numpy's bool is taken too)."""
     if isinstance(check_bounds, (bool, np.bool_)):
@@ -374,8 +375,9 @@ def _check_bounds(check_bounds, fn: str) -> bool:
                     f"{describe(check_bounds)} {check_bounds!r}")
 
 
-def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_value,
-                 align_bytes):
+def _gather_keys(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
+                 index: ArrayLike, *, check_bounds: bool, num_indices: ArrayLike | None,
+                 pad_value: ArrayLike | None, align_bytes: int | None) -> jax.Array:
     """gather for a typed PRNG key array: each key is one element. Its key data
     (uint32[..., k]) is gathered with the last two dims merged, so a row is the words of
     its keys, and wrapped back. Padding counts whole keys: align_bytes must be None or a
@@ -383,6 +385,7 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
     hold the key whose data is all zeros, so pad_value must be None."""
     fn = "gather"
     check_extended(src, "src", fn)
+    assert is_key(src)  # check_extended lets only key arrays through
     if pad_value is not None:
         raise TypeError(f"{fn}: pad_value must be None for a key array src {_fmt(src.shape)} "
                         f"({src.dtype}): padded positions hold the all-zero key")
@@ -391,7 +394,8 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
     k = data.shape[-1]
     key_bytes = k * data.dtype.itemsize
     _align_bytes(align_bytes, key_bytes, f"one key's size {key_bytes} bytes ({src.dtype})", fn)
-    if src.ndim < 2 or _static_int(dim) is None or not 0 <= _static_int(dim) < src.ndim - 1:
+    d = _static_int(dim)
+    if src.ndim < 2 or d is None or not 0 <= d < src.ndim - 1:
         try:  # the usual dim errors, told in terms of the key array
             jax.eval_shape(lambda: gather(jnp.zeros(src.shape, np.uint8), offsets, dim, index))
         except (TypeError, ValueError, NotImplementedError) as e:
@@ -400,13 +404,15 @@ def _gather_keys(src, offsets, dim, index, *, check_bounds, num_indices, pad_val
     out = gather(merged, offsets, dim, index, check_bounds=check_bounds,
                  num_indices=num_indices, align_bytes=align_bytes)
     out = out.reshape(out.shape[:-1] + (out.shape[-1] // k, k))
-    return jax.random.wrap_key_data(out, impl=impl)
+    keys: jax.Array = jax.random.wrap_key_data(out, impl=impl)  # untyped on jax 0.10.2
+    return keys
 
 
 # --- shapes -------------------------------------------------------------------------
 
-def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
-                          impl):
+def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad: Aval, *,
+                          dim: int, row_len: int, check_bounds: bool, nbatch: int,
+                          impl: str) -> Aval:
     bshape = _rows.batch_shape((src, offsets, index, num, pad), nbatch)
     sshape = src.shape[nbatch:]
     for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
@@ -436,27 +442,30 @@ def _gather_abstract_eval(src, offsets, index, num, pad, *, dim, row_len, check_
 class _LaxGeometry:
     """What the ops of the lax gather share: the result's shape (with the byte view's
     trailing dim), and under explicit mesh axes its spec, which every op states."""
-    bshape: tuple
-    n: Any
-    mid: tuple
-    last: Any
-    rows: Any         # prod(src_shape[:dim + 1]): src's rows in one dim
-    ex: tuple         # the byte view's trailing dim, or ()
-    row_shape: tuple  # one row of the result, unpadded
-    shape: tuple      # the result before padding columns
-    sharding: Any     # the result's NamedSharding under explicit axes, else None
-    spec: tuple       # the result's spec entries, the padded last dim unsharded
+    bshape: tuple[int, ...]
+    n: int
+    mid: tuple[int, ...]
+    last: int
+    rows: int                   # prod(src_shape[:dim + 1]): src's rows in one dim
+    ex: tuple[int, ...]         # the byte view's trailing dim, or ()
+    row_shape: tuple[int, ...]  # one row of the result, unpadded
+    shape: tuple[int, ...]      # the result before padding columns
+    # the result's NamedSharding under explicit axes, else None
+    sharding: jax.sharding.NamedSharding | None
+    spec: tuple[SpecEntry, ...]  # the result's spec entries, the padded last dim unsharded
 
-    def bcast(self, x, shape, spec=None):
+    def bcast(self, x: jax.Array, shape: Sequence[int],
+              spec: Sequence[SpecEntry] | None = None) -> jax.Array:
         """broadcast_in_dim of x (of shape's rank), with the result sharding spelled out
         under explicit axes."""
         spec = self.spec if spec is None else spec
         out = None if self.sharding is None else jax.sharding.NamedSharding(
-            self.sharding.mesh, jax.sharding.PartitionSpec(*spec))
+            self.sharding.mesh, PartitionSpec(*spec))
         return lax.broadcast_in_dim(x, shape, tuple(range(len(shape))), out_sharding=out)
 
 
-def _lax_geometry(src, avals, *, dim, row_len, nbatch, params) -> _LaxGeometry:
+def _lax_geometry(src: jax.Array, avals: Sequence[Aval], *, dim: int, row_len: int,
+                  nbatch: int, params: dict[str, Any]) -> _LaxGeometry:
     bshape = _rows.batch_shape(avals, nbatch)
     sshape = src.shape[nbatch:]
     mid, last, n = tuple(sshape[dim + 1:-1]), sshape[-1], avals[2].shape[-1]
@@ -474,7 +483,8 @@ def _lax_geometry(src, avals, *, dim, row_len, nbatch, params) -> _LaxGeometry:
                         bshape + (n,) + row_shape, _lowering.explicit_sharding(out_aval, ex), o)
 
 
-def _lax_take(geo: _LaxGeometry, src, sv, row, nbatch):
+def _lax_take(geo: _LaxGeometry, src: jax.Array, sv: jax.Array, row: jax.Array,
+              nbatch: int) -> jax.Array:
     """The rows of src (viewed as sv) at `row`: one lax.gather keeping the batch dims as
     batching dims; every row a pad row where src has none."""
     if _lowering.definitely_zero(math.prod(src.shape) * geo.rows):
@@ -487,15 +497,15 @@ def _lax_take(geo: _LaxGeometry, src, sv, row, nbatch):
     ids = geo.bcast(row.reshape((1,) * (nbatch + 1 - row.ndim) + row.shape)[..., None],
                     geo.bshape + (geo.n, 1), o[:nbatch + 1] + (None,))
     if geo.sharding is not None:
-        flat = jax.sharding.reshard(flat, jax.sharding.NamedSharding(
-            geo.sharding.mesh, jax.sharding.PartitionSpec(
+        flat = _compat.reshard(flat, jax.sharding.NamedSharding(
+            geo.sharding.mesh, PartitionSpec(
                 *[o[j] for j in full], None, *o[nbatch + 1:])))
     dnums = lax.GatherDimensionNumbers(
         offset_dims=tuple(range(nbatch + 1, nbatch + 1 + len(geo.row_shape))),
         collapsed_slice_dims=(k,), start_index_map=(k,),
         operand_batching_dims=tuple(range(k)), start_indices_batching_dims=tuple(full))
     # Rows are clamped into range by _rows.rows: no bounds handling left for XLA.
-    take = lambda f, i: lax.gather(  # noqa: E731
+    take: Callable[[jax.Array, jax.Array], jax.Array] = lambda f, i: lax.gather(
         f, i, dnums, (1,) * (k + 1) + geo.row_shape,
         mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if geo.sharding is not None:  # jax's gather cannot infer every result sharding
@@ -503,7 +513,8 @@ def _lax_take(geo: _LaxGeometry, src, sv, row, nbatch):
     return take(flat, ids)
 
 
-def _lax_pads(geo: _LaxGeometry, g, valid, pad, pv, row_len, nbatch):
+def _lax_pads(geo: _LaxGeometry, g: jax.Array, valid: jax.Array, pad: jax.Array,
+              pv: jax.Array, row_len: int, nbatch: int) -> jax.Array:
     """Pad rows selected in, padding columns added."""
     ones = (1,) * (len(geo.mid) + 1)
     v = geo.bcast(valid.reshape((1,) * (nbatch + 1 - valid.ndim) + valid.shape + ones
@@ -520,7 +531,9 @@ def _lax_pads(geo: _LaxGeometry, g, valid, pad, pv, row_len, nbatch):
     return jnp.concatenate([g, geo.bcast(pb, cols)], axis=nbatch + 1 + len(geo.mid))
 
 
-def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch, impl):
+def _gather_lax(src: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.Array,
+                pad: jax.Array, *, dim: int, row_len: int, check_bounds: bool, nbatch: int,
+                impl: str) -> jax.Array:
     """One lax.gather of whole rows, pad rows selected in, pad columns added: ops XLA fuses
     with their producers and consumers, as for jnp.take. Batch dims stay batch dims
     (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
@@ -542,9 +555,11 @@ def _gather_lax(src, offsets, index, num, pad, *, dim, row_len, check_bounds, nb
 
 # --- native lowerings -----------------------------------------------------------------
 
-def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
-                   impl):
-    avals = ctx.avals_in
+def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any],
+                   index: ir.Value[Any], num: ir.Value[Any], pad: ir.Value[Any], *, dim: int,
+                   row_len: int, check_bounds: bool, nbatch: int,
+                   impl: str) -> _compat.IrValues | None:
+    avals: Sequence[Aval] = ctx.avals_in
     if not (_lowering.native_dtype_ok(avals[0].dtype)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
@@ -559,7 +574,8 @@ def _gather_native(ctx, src, offsets, index, num, pad, *, dim, row_len, check_bo
 # Batch dims, the index dim n, the middle dims and -- when no padding column is added --
 # the last dim shard freely; a size-1 (broadcast) batch dim gets a factor of its own.
 
-def _gather_spmd_rule(avals_in, aval_out, *, dim, row_len, nbatch, **_):
+def _gather_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
+                      nbatch: int, **_: Any) -> _lowering.Factors:
     bshape = aval_out.shape[:nbatch]
     src = avals_in[0]
     sshape = src.shape[nbatch:]
@@ -576,8 +592,9 @@ def _gather_spmd_rule(avals_in, aval_out, *, dim, row_len, nbatch, **_):
     return f_in, f_out, tuple(fixed + ["q"] + ([] if shared else ["sl", "ol"]))
 
 
-def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, nbatch,
-                           **params):
+def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
+                           avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
+                           nbatch: int, **params: Any) -> _lowering.Partition:
     """Each device gathers the rows of its index shard (and batch/column block) from a
     src replicated along dims 0..dim. num_indices counts global rows, so each shard
     gets it shifted by the shard's first row."""
@@ -594,7 +611,8 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
     local_row_len = _lowering.local_size(row_len, o[-1], mesh_shape)
     n_axes, n_local = o[nbatch], _lowering.local_size(n, o[nbatch], mesh_shape)
 
-    def local(bind, s, offsets, index, num, pad):
+    def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
+              index: jax.Array, num: jax.Array, pad: jax.Array) -> jax.Array:
         if n_axes is not None:
             first = lax.convert_element_type(lax.axis_index(n_axes), num.dtype) * n_local
             num = lax.clamp(np.array(0, num.dtype), num - first, np.array(n_local, num.dtype))
@@ -605,7 +623,9 @@ def _gather_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, row_len, n
 
 # --- autodiff ---------------------------------------------------------------------------
 
-def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
+def _gather_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *, dim: int,
+                row_len: int, check_bounds: bool, nbatch: int,
+                impl: str) -> tuple[jax.Array, Tangent]:
     src, offsets, index, num, pad = primals
     ts, tp = (_compat.instantiate_tangent(tangents[k], primals[k]) for k in (0, 4))
     params = dict(dim=dim, row_len=row_len, check_bounds=check_bounds, nbatch=nbatch, impl=impl)
@@ -627,15 +647,15 @@ def _gather_jvp(primals, tangents, *, dim, row_len, check_bounds, nbatch, impl):
     return out, gather_p.bind(ts, offsets, index, num, tp, **params)
 
 
-def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_bounds, nbatch,
-                      impl):
-    for name, a in (("offsets", offsets), ("index", index), ("num_indices", num)):
-        if _compat.is_undefined_primal(a):
-            raise ValueError(f"jax_ext_gather is not linear in {name}")
+def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, num: Primal,
+                      pad: Primal, *, dim: int, row_len: int, check_bounds: bool, nbatch: int,
+                      impl: str) -> list[Tangent | None]:
+    offsets, index, num = _rows.not_linear(_names.GATHER.primitive, (
+        ("offsets", offsets), ("index", index), ("num_indices", num)))
     s_undef, p_undef = _compat.is_undefined_primal(src), _compat.is_undefined_primal(pad)
     src_aval = src.aval if s_undef else jax.typeof(src)
     sshape = src_aval.shape[nbatch:]
-    outs = [None, None, None, None, None]
+    outs: list[Tangent | None] = [None, None, None, None, None]
     if type(ct) is Zero:
         if s_undef:
             outs[0] = Zero(src.aval)
@@ -643,10 +663,10 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
             outs[4] = Zero(pad.aval)
         return outs
     if s_undef:
-        outs[0] = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
-                                     out_bshape=tuple(src_aval.shape[:nbatch]),
-                                     check_bounds=check_bounds, nbatch=nbatch, impl=impl)
-        outs[0] = _like_primal(outs[0], src_aval)
+        t_src = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
+                                   out_bshape=tuple(src_aval.shape[:nbatch]),
+                                   check_bounds=check_bounds, nbatch=nbatch, impl=impl)
+        outs[0] = _like_primal(t_src, src_aval)
     if p_undef:
         valid, _ = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
                               check_bounds=check_bounds)
@@ -657,7 +677,7 @@ def _gather_transpose(ct, src, offsets, index, num, pad, *, dim, row_len, check_
     return outs
 
 
-def _like_primal(t, aval):
+def _like_primal(t: jax.Array, aval: Aval) -> jax.Array:
     """Under explicit mesh axes a cotangent must carry its primal's sharding. The
     scatter-add leaves the rows it accumulates unsharded (every row may receive from
     any index), so a row-sharded src gets its cotangent resharded to match."""
@@ -668,12 +688,14 @@ def _like_primal(t, aval):
     if _compat.spec_entries(jax.typeof(t)) == _compat.spec_entries(aval):
         return t
     # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
-    return jax.sharding.reshard(t, jax.sharding.NamedSharding(mesh, want.spec))
+    return _compat.reshard(t, jax.sharding.NamedSharding(mesh, aval.sharding.spec))
 
 
 # --- batching ---------------------------------------------------------------------------
 
-def _gather_batch(axis_size, args, bdims, *, dim, row_len, check_bounds, nbatch, impl):
+def _gather_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None], *,
+                  dim: int, row_len: int, check_bounds: bool, nbatch: int,
+                  impl: str) -> tuple[jax.Array, int]:
     args = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     # Some operand is batched (register_batcher binds directly otherwise), so the
     # result's new dim has its extent, axis_size.

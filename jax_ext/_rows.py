@@ -17,7 +17,7 @@ from jax import lax
 
 from . import _compat
 from ._common import fmt_shape as _fmt
-from ._compat import Aval, SpecEntry
+from ._compat import Aval, Primal, SpecEntry
 
 
 def batch_shape(avals: Sequence[Aval], nbatch: int) -> tuple[int, ...]:
@@ -131,6 +131,17 @@ def batch_spec(o: Sequence[SpecEntry], a: Aval, bshape: Sequence[int]) -> list[S
 
 def nonunit(o: Sequence[SpecEntry], shape: Sequence[int]) -> list[SpecEntry]:
     return [None if n == 1 else e for n, e in zip(shape, o)]
+
+
+def not_linear(prim: str, operands: Sequence[tuple[str, Primal]]) -> list[jax.Array]:
+    """The operands (name, value) of a transpose that the primitive is not linear in, as
+    arrays: ValueError naming the first one jax asks it to transpose."""
+    out = []
+    for name, a in operands:
+        if _compat.is_undefined_primal(a):
+            raise ValueError(f"{prim} is not linear in {name}")
+        out.append(a)
+    return out
 
 
 def lead(x: jax.Array, bd: int | None) -> jax.Array:

@@ -12,21 +12,25 @@ Its transpose binds gather, and gather's transpose binds it (both primitives liv
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import DTypeLike
 
 from . import _compat, _lowering, _names, _rows
+from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 from ._primitives import gather_p, scatter_add_p
 
 Zero = _compat.Zero
 
 
-
-def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshape,
-                           check_bounds, nbatch, impl):
+def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, dim: int,
+                           src_shape: Sequence[int], out_bshape: Sequence[int],
+                           check_bounds: bool, nbatch: int, impl: str) -> Aval:
     bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
         raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
@@ -41,15 +45,16 @@ def _scatter_abstract_eval(ct, offsets, index, num, *, dim, src_shape, out_bshap
                                 dtype=ct.dtype, weak_type=bool(ct.weak_type))
 
 
-def _acc_dtype(dt):
+def _acc_dtype(dt: DTypeLike) -> np.dtype[Any]:
     dt = np.dtype(dt)
     if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
         return np.dtype(np.float32)  # float16/bfloat16/float8 accumulate in float32
     return dt
 
 
-def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds, nbatch,
-                 impl):
+def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.Array, *,
+                 dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
+                 check_bounds: bool, nbatch: int, impl: str) -> jax.Array:
     """One lax.scatter_add of whole rows into zeros, accumulated in _acc_dtype. A batch dim
     the result keeps stays a batch dim (operand_batching_dims), as vmap of jnp's .at[].add
     gives, so XLA partitions a sharded batch without communication; one the result sums
@@ -68,8 +73,10 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
     o = _compat.spec_entries(aval)
     c = _compat.spec_entries(jax.typeof(ct))
 
-    def named(*spec):  # on the operands' mesh: a bare PartitionSpec needs jax.set_mesh
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+    def named(*spec: SpecEntry) -> jax.sharding.NamedSharding:
+        # on the operands' mesh: a bare PartitionSpec needs jax.set_mesh
+        assert sharding is not None  # called only under explicit axes
+        return jax.sharding.NamedSharding(sharding.mesh, PartitionSpec(*spec))
     valid, row = _rows.rows(offsets, index, num, sshape=src_shape, dim=dim,
                             check_bounds=check_bounds)
     row = jnp.where(valid, row, rows)  # past the end: dropped
@@ -92,7 +99,7 @@ def _scatter_lax(ct, offsets, index, num, *, dim, src_shape, out_bshape, check_b
         update_window_dims=tuple(range(nbatch + 1, nbatch + 1 + len(row_shape))),
         inserted_window_dims=(k,), scatter_dims_to_operand_dims=(k,),
         operand_batching_dims=tuple(range(k)), scatter_indices_batching_dims=tuple(full))
-    add = lambda z, i, u: lax.scatter_add(  # noqa: E731
+    add: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = lambda z, i, u: lax.scatter_add(
         z, i, u, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
     if sharding is not None:  # jax cannot infer every scatter's result sharding
         add = jax.sharding.auto_axes(add, out_sharding=zspec)
@@ -106,9 +113,11 @@ _NATIVE_SCATTER = {np.dtype(t) for t in (
     np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)}
 
 
-def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape, check_bounds,
-                    nbatch, impl):
-    avals = ctx.avals_in
+def _scatter_native(ctx: _lowering.Ctx, ct: ir.Value[Any], offsets: ir.Value[Any],
+                    index: ir.Value[Any], num: ir.Value[Any], *, dim: int,
+                    src_shape: Sequence[int], out_bshape: Sequence[int], check_bounds: bool,
+                    nbatch: int, impl: str) -> _compat.IrValues | None:
+    avals: Sequence[Aval] = ctx.avals_in
     if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
@@ -117,7 +126,9 @@ def _scatter_native(ctx, ct, offsets, index, num, *, dim, src_shape, out_bshape,
                               dim=dim, nbatch=nbatch, check_bounds=check_bounds)
 
 
-def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch, **_):
+def _scatter_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
+                       src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
+                       **_: Any) -> _lowering.Factors:
     """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
     result has as 1) are replicated, so every element sums its contributions in index
     order as on one device (exact, deterministic) at the cost of gathering ct."""
@@ -138,8 +149,10 @@ def _scatter_spmd_rule(avals_in, aval_out, *, dim, src_shape, out_bshape, nbatch
     return f_in, f_out, tuple(rep + ([] if shared else ["cl", "sl"]))
 
 
-def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape, out_bshape,
-                            nbatch, **params):
+def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
+                            avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
+                            src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
+                            **params: Any) -> _lowering.Partition:
     bshape = _rows.batch_shape(avals_in, nbatch)
     ct = avals_in[0]
     shared = ct.shape[-1] == src_shape[-1]
@@ -157,13 +170,14 @@ def _scatter_spmd_partition(o, mesh_shape, avals_in, aval_out, *, dim, src_shape
     loc = [_lowering.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
     local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
 
-    def local(bind, *args):
+    def local(bind: Callable[..., jax.Array], *args: jax.Array) -> jax.Array:
         return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
                     **params)
     return in_specs, o, local
 
 
-def _scatter_jvp(primals, tangents, **params):
+def _scatter_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent],
+                 **params: Any) -> tuple[jax.Array, Tangent]:
     ct, offsets, index, num = primals
     out = scatter_add_p.bind(ct, offsets, index, num, **params)
     t = _compat.instantiate_tangent(tangents[0], ct)
@@ -172,11 +186,11 @@ def _scatter_jvp(primals, tangents, **params):
     return out, scatter_add_p.bind(t, offsets, index, num, **params)
 
 
-def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bshape,
-                       check_bounds, nbatch, impl):
-    for name, a in (("offsets", offsets), ("index", index), ("num_indices", num)):
-        if _compat.is_undefined_primal(a):
-            raise ValueError(f"jax_ext_scatter_add is not linear in {name}")
+def _scatter_transpose(cts: Tangent, ct: Primal, offsets: Primal, index: Primal, num: Primal,
+                       *, dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
+                       check_bounds: bool, nbatch: int, impl: str) -> list[Tangent | None]:
+    offsets, index, num = _rows.not_linear(_names.SCATTER_ADD.primitive, (
+        ("offsets", offsets), ("index", index), ("num_indices", num)))
     if not _compat.is_undefined_primal(ct):
         return [None] * 4
     if type(cts) is Zero:
@@ -192,8 +206,9 @@ def _scatter_transpose(cts, ct, offsets, index, num, *, dim, src_shape, out_bsha
     return [g, None, None, None]
 
 
-def _scatter_batch(axis_size, args, bdims, *, dim, src_shape, out_bshape, check_bounds, nbatch,
-                   impl):
+def _scatter_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None], *,
+                   dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
+                   check_bounds: bool, nbatch: int, impl: str) -> tuple[jax.Array, int]:
     ct, offsets, index, num = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     if bdims[0] is None:
         # ct always carries the full batch shape (its transpose, gather, returns it).
