@@ -74,6 +74,10 @@ def test_table_is_built_from_the_column_list():
     assert "picked" in text.splitlines()[0] and text.splitlines()[-1].rstrip().endswith("native")
     md = bench.format_table([row], cols, markdown=True)
     assert md.splitlines()[0].count("|") == len(cols) + 1
+    # A "|" in a cell (the clip program's name) is escaped, so the row keeps its columns.
+    piped = bench.format_table([dict(row, name="clip where(|g|>t)")], cols, markdown=True)
+    cells = re.split(r"(?<!\\)\|", piped.splitlines()[-1])
+    assert len(cells) == len(cols) + 2 and cells[1].strip() == r"clip where(\|g\|>t)"
 
 
 def test_every_select_case_runs_the_dtype_it_names():

@@ -66,7 +66,9 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
     if markdown:
         lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
                  "|" + "|".join("---" if w < 0 else "---:" for _, w, _ in columns) + "|"]
-        lines += ["| " + " | ".join(f(r) for _, _, f in columns) + " |" for r in rows]
+        # A "|" inside a cell (the clip program's name) would end the cell.
+        lines += ["| " + " | ".join(f(r).replace("|", "\\|") for _, _, f in columns) + " |"
+                  for r in rows]
         return "\n".join(lines)
 
     def line(cells: Sequence[str]) -> str:
