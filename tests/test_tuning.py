@@ -86,6 +86,20 @@ def test_compare_within_noise_is_undecided_and_bounded():
     assert c.rounds == 6
 
 
+def test_compare_out_of_rounds_lets_a_clear_median_decide():
+    """A large gain in heavy noise leaves the interval open after max_pairs rounds: the
+    median decides ("likely better"), and the search keeps the switch."""
+    clock = FakeClock()
+    c = tuning.compare(_pairs(0.75, 0.6, clock, seed=3), min_gain=0.03, deadline=1e9,
+                       clock=clock)
+    assert c.verdict == "likely better" and c.rounds == 40 and c.ratio < 0.94, c
+    site = tuning.Site("k", "gather", "f.py:1", "lax", 1e-3)
+    now, results = tuning.search(
+        [site], lambda a, b: c if a != b else tuning.Comparison("undecided", 0.9, 1, 0.9, 40),
+        deadline=1e9, clock=clock)
+    assert now == {"k": "native"} and "not settled" in str(results[0]), results
+
+
 # --- the search ----------------------------------------------------------------------------
 
 def _program(costs, interaction=0.0):
