@@ -5,6 +5,7 @@ import json
 import re
 
 import jax
+import pytest
 
 import jax_ext
 from jax_ext import _native, bench
@@ -141,17 +142,23 @@ def test_programs_time_forced_native_and_lax_too(tmp_path):
     assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0
 
 
-def test_each_program_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
-    """Program rows come from a child process (heap state is not carried from one case
-    to the next); --same-process times them here, with the same columns."""
+@pytest.fixture
+def children(monkeypatch):
+    """The command lines of the child processes the benchmark starts (still run)."""
     import subprocess
-    children = []
+    cmds = []
     real_run = subprocess.run
 
     def run(cmd, *a, **k):
-        children.append(cmd)
+        cmds.append(cmd)
         return real_run(cmd, *a, **k)
     monkeypatch.setattr(subprocess, "run", run)
+    return cmds
+
+
+def test_each_program_runs_in_a_process_of_its_own(tmp_path, children):
+    """Program rows come from a child process (heap state is not carried from one case
+    to the next); --same-process times them here, with the same columns."""
     impl = "auto" if jax_ext.native_available() else "lax"
     rows = {}
     for extra in ([], ["--same-process"]):
@@ -289,20 +296,12 @@ def test_program_sides_run_by_the_cost_model_forced_and_tuned():
     assert "tuned_picked" in row
 
 
-def test_tune_tunes_each_program_before_timing_it(tmp_path, monkeypatch):
+def test_tune_tunes_each_program_before_timing_it(tmp_path, children):
     """--tune: the program is tuned in its own process (the flag is passed on), and its
     row records the tuned column, how long tuning took and what it changed. The cache
     written is the suite's temporary one (conftest sets JAX_EXT_CACHE_DIR; children
     inherit it), never the user's."""
     import os
-    import subprocess
-    children = []
-    real_run = subprocess.run
-
-    def run(cmd, *a, **k):
-        children.append(cmd)
-        return real_run(cmd, *a, **k)
-    monkeypatch.setattr(subprocess, "run", run)
     out = tmp_path / "b.json"
     impl = "auto" if jax_ext.native_available() else "lax"
     assert bench.main(["--quick", "--impl", impl, "--tune", "--tune-budget", "2",
