@@ -345,6 +345,10 @@ def ffi_scatter_malicious():
               index_bstrides=[3], num_bstrides=[0]), out, "index: batch strides"),
         (dict(ok, out_bstrides=[-20]), out, "negative batch stride"),
         (dict(ok, index_bstrides=[]), out, "do not match the batch rank"),
+        # in bounds, but not whole rows: the rows would land off their places
+        (dict(ok, batch_shape=[2], out_bstrides=[7], offsets_bstrides=[0],
+              index_bstrides=[0], num_bstrides=[0]), ((2, 4, 5), jnp.float32),
+         "multiples of src's size"),
     ]
     for attrs, o, msg in bad:
         expect_runtime_error(msg, ffi_scatter, ct, off, idx, num, out=o, **attrs)

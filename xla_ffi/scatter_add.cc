@@ -324,16 +324,21 @@ ffi::Error ScatterAddRun(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer
   JAX_EXT_RETURN_IF_ERROR(
       CheckSameDtype("scatter_add", "the cotangent and the result", dt, {ct.element_type()}));
   JAX_EXT_RETURN_IF_ERROR(CheckIndexDtypes("scatter_add", offsets, index, num));
+  // An unsupported dtype is turned away before anything is allocated or mapped.
+  JAX_EXT_RETURN_IF_ERROR(
+      DispatchAccumulate(dt, [](auto, auto, int64_t) { return ffi::Error::Success(); }));
   const int64_t out_elems = static_cast<int64_t>(out->element_count());
   if (out_elems == 0) return ffi::Error::Success();
-  // With empty src rows nothing is added and no target is read; total_rows is then not
-  // bounded by the cotangent's size (0 elements per row), so nothing is allocated for it.
+  // With empty src rows or no ct rows nothing is added: the result is zeros. (total_rows
+  // and row_len are then not bounded by the cotangent's size, so nothing is sized by them.)
   const int64_t row_src = g.inner * g.last;
-  std::vector<int64_t> targets(static_cast<size_t>(row_src > 0 ? g.total_rows : 0), -1);
-  const int64_t out_rows = row_src > 0 ? out_elems / row_src : 0;
-  std::vector<uint64_t> seen(static_cast<size_t>(out_rows / 64 + 1), 0);
-  if (row_src > 0)
-    FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets.data(), seen.data());
+  if (row_src == 0 || g.total_rows == 0) {
+    std::memset(out->untyped_data(), 0, out->size_bytes());
+    return ffi::Error::Success();
+  }
+  std::vector<int64_t> targets(static_cast<size_t>(g.total_rows), -1);
+  std::vector<uint64_t> seen(static_cast<size_t>(out_elems / row_src / 64 + 1), 0);
+  FindTargets(g, st, offsets, index, num, check_bounds, row_src, targets.data(), seen.data());
   const bool stream = PrepareResult(out->untyped_data(), out->size_bytes(), kStreamBytes);
   return DispatchAccumulate(dt, [&](auto acc, auto conv, int64_t lanes) {
     return ScatterRun<decltype(acc), decltype(conv)::value>(
@@ -382,6 +387,9 @@ ffi::Error ScatterAddShapeAttrsImpl(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi
                                                 index_bstrides, num_bstrides, st));
   JAX_EXT_RETURN_IF_ERROR(
       CheckStrideAttr(op, "result", g, out_bstrides, g.src_size, out->element_count(), st.data));
+  for (const int64_t s : out_bstrides)  // FindTargets counts the result in whole rows
+    if (g.src_size > 0 && s % g.src_size != 0)
+      return Invalid(op, "the result's batch strides must be multiples of src's size");
   JAX_EXT_RETURN_IF_ERROR(CheckPaddedRowCount(op, "the cotangent", g, ct.element_count()));
   return ScatterAddRun(pool, ct, offsets, index, num, out, g, st, check_bounds);
 }
