@@ -194,10 +194,14 @@ def impl_state(names: Sequence[str], env: str) -> ConfigState[str]:
         return jax_config.enum_state(
             name="jax_ext_impl", enum_values=list(names), default=names[0],
             help="jax_ext: run primitives natively on CPU ('native'), through lax ('lax'), "
-                 "or native where available ('auto').",
+                 "or chosen per call site by cost and stored tuning ('auto'; see "
+                 "jax_ext.explain).",
             include_in_jit_key=True, include_in_trace_context=True)
     except Exception:  # pragma: no cover - only on a jax without enum_state
         return _ThreadLocalState(names[0], env)
+
+
+_TUNING_STATE = "jax_ext_tuning_state"
 
 
 def tuning_state(default: str) -> ConfigState[str]:
@@ -207,21 +211,20 @@ def tuning_state(default: str) -> ConfigState[str]:
     public string state that joins the jit key: string_or_object_state is jax's own."""
     from jax._src import config as jax_config
     return jax_config.string_or_object_state(
-        name="jax_ext_tuning_state", default=default,
+        name=_TUNING_STATE, default=default,
         help="jax_ext: which measured call-site choices implementation 'auto' uses "
              "(set by jax_ext.tune and jax_ext.tuning; not a user setting).",
         include_in_jit_key=True, include_in_trace_context=True)
 
 
-def set_tuning_state(state: ConfigState[str], value: str) -> None:
-    """The state's process-wide value (what threads outside a tuning() block see)."""
+def set_tuning_state(value: str) -> None:
+    """The tuning state's process-wide value (what threads outside a tuning() block see)."""
     # jax leaves Config.update unannotated.
-    jax.config.update("jax_ext_tuning_state", value)  # type: ignore[no-untyped-call]
+    jax.config.update(_TUNING_STATE, value)  # type: ignore[no-untyped-call]
 
 
 class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
     def __init__(self, default: str, env: str) -> None:
-        import os
         self._default = os.environ.get(env, default)
         self._local = threading.local()
 

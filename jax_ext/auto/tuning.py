@@ -10,11 +10,12 @@ cache off: ``auto`` then decides by the cost model alone and :func:`tune` stores
 ``JAX_EXT_CACHE_DIR`` moves the cache.
 
 Which choices a program compiles with is part of jit's cache key (the config state
-``jax_ext_tuning``): a call after :func:`tune` compiles again with the new choices.
+``jax_ext_tuning_state``): a call after :func:`tune` compiles again with the new choices.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -75,6 +76,7 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+@functools.cache  # looked up at every auto call site's lowering; fixed for the process
 def machine_key() -> str:
     """What a measured choice holds for: this CPU and core count, these versions."""
     import jax
@@ -204,7 +206,7 @@ def _bump() -> None:
     global _generation
     _generation += 1
     if active():
-        _compat.set_tuning_state(_state, f"on:{_generation}")
+        _compat.set_tuning_state(f"on:{_generation}")
 
 
 # --- measuring: alternating pairs of calls, a noise-aware stop --------------------------
