@@ -1,4 +1,4 @@
-"""Benchmark cases for select: sizes, dtypes, broadcasts, donation (see the package docstring
+"""Benchmark cases for select: sizes, dtypes, broadcasts, donation (see the cli module's docstring
 for how a case is timed).
 
 Each case: ``make()`` returns (ours, reference, args), both already ``jax.jit``-ed and

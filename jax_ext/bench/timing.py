@@ -1,5 +1,5 @@
 """Timing: each side called in alternation, page faults counted per call, one result row
-per calling pattern (the package docstring says why alternate)."""
+per calling pattern (the cli module's docstring says why alternate)."""
 from __future__ import annotations
 
 import contextlib
