@@ -264,9 +264,8 @@ def compare(time_pair: Callable[[int], tuple[float, float]], *, min_gain: float,
                 break
     ratio = statistics.median(ratios)
     # Out of rounds, a decision is still due: every choice gives the same bits, so the
-    # median, the best estimate there is, decides, with a margin that leans to the model.
-    # (An embedding-bag step's gather read 0.82 after 40 rounds whose spread, glibc
-    # mapping its results afresh in some calls and not in others, kept the interval open.)
+    # median, the best estimate there is, decides, with a margin that leans to the model
+    # (calls that sometimes fault in a fresh result can keep the interval open for good).
     if verdict == "undecided" and ratio < 1 - 2 * min_gain:
         verdict = "likely better"
     return Comparison(verdict, ratio, statistics.median(inc), statistics.median(cand),
