@@ -356,9 +356,39 @@ def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry]
                    and not a.sharding.mesh.empty), None)
     except Exception:
         sh = None
+    updates.update(varying_update(avals_in, like))
     if sh is None:
         return like.update(**updates)
     return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
+
+
+# --- varying manual axes (shard_map's check_vma typing) ----------------------------------
+# Inside shard_map, jax types each value with the mesh axes it varies over (`aval.mat.varying`
+# at both ends of the window). lax's primitives make invariant operands varying before they
+# bind (`core.auto_insert_reshard`, which inserts `pvary`; its transpose is a psum, so a
+# replicated operand's gradient is summed over devices) and type the result with the union
+# of the operands' axes. jax_ext's primitives do the same through these two; there is no
+# public spelling of "make these operands agree" (`lax.pcast` takes explicit axes).
+
+def _varying(aval: Any) -> frozenset[Any]:
+    mat = getattr(aval, "mat", None)
+    return frozenset() if mat is None else frozenset(mat.varying)
+
+
+def varying_update(avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
+    """The `update` keywords that type a result as varying over every axis an operand
+    varies over (empty when nothing varies, so outside shard_map nothing changes)."""
+    axes = frozenset().union(*(_varying(a) for a in avals_in))
+    if axes == _varying(like):
+        return {}
+    return {"manual_axis_type": like.mat.update(varying=axes)}
+
+
+def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
+    """`prim.bind` with invariant operands made varying where they meet varying ones, as
+    jax's lax primitives bind (a no-op outside shard_map and under check_vma=False)."""
+    from jax._src import core as _core
+    return prim.bind(*_core.auto_insert_reshard(*args), **params)
 
 
 # --- lowering one shard of a custom_partitioning call ---------------------------------

@@ -230,7 +230,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
                                fn)
     L = _row_len(src.shape[-1], itemsize, align_bytes)
-    return gather_p.bind(src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
+    return _compat.bind(gather_p, src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
                          check_bounds=check_bounds, nbatch=0, impl=_config.current())
 
 
@@ -629,7 +629,7 @@ def _gather_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *, di
     src, offsets, index, num, pad = primals
     ts, tp = (_compat.instantiate_tangent(tangents[k], primals[k]) for k in (0, 4))
     params = dict(dim=dim, row_len=row_len, check_bounds=check_bounds, nbatch=nbatch, impl=impl)
-    out = gather_p.bind(src, offsets, index, num, pad, **params)
+    out = _compat.bind(gather_p, src, offsets, index, num, pad, **params)
     if type(ts) is Zero and type(tp) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
     if type(ts) is Zero:
@@ -644,7 +644,7 @@ def _gather_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *, di
         return out, jnp.broadcast_to(t, out.shape).astype(out.dtype)
     if type(tp) is Zero:
         tp = jnp.zeros((1,) * nbatch, ts.dtype)
-    return out, gather_p.bind(ts, offsets, index, num, tp, **params)
+    return out, _compat.bind(gather_p, ts, offsets, index, num, tp, **params)
 
 
 def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, num: Primal,
@@ -663,7 +663,8 @@ def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, 
             outs[4] = Zero(pad.aval)
         return outs
     if s_undef:
-        t_src = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=tuple(sshape),
+        t_src = _compat.bind(scatter_add_p, ct, offsets, index, num, dim=dim,
+                             src_shape=tuple(sshape),
                                    out_bshape=tuple(src_aval.shape[:nbatch]),
                                    check_bounds=check_bounds, nbatch=nbatch, impl=impl)
         outs[0] = _like_primal(t_src, src_aval)
@@ -699,7 +700,7 @@ def _gather_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int
     args = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     # Some operand is batched (register_batcher binds directly otherwise), so the
     # result's new dim has its extent, axis_size.
-    out = gather_p.bind(*args, dim=dim, row_len=row_len, check_bounds=check_bounds,
+    out = _compat.bind(gather_p, *args, dim=dim, row_len=row_len, check_bounds=check_bounds,
                         nbatch=nbatch + 1, impl=impl)
     return out, 0
 

@@ -179,11 +179,11 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
 def _scatter_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent],
                  **params: Any) -> tuple[jax.Array, Tangent]:
     ct, offsets, index, num = primals
-    out = scatter_add_p.bind(ct, offsets, index, num, **params)
+    out = _compat.bind(scatter_add_p, ct, offsets, index, num, **params)
     t = _compat.instantiate_tangent(tangents[0], ct)
     if type(t) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
-    return out, scatter_add_p.bind(t, offsets, index, num, **params)
+    return out, _compat.bind(scatter_add_p, t, offsets, index, num, **params)
 
 
 def _scatter_transpose(cts: Tangent, ct: Primal, offsets: Primal, index: Primal, num: Primal,
@@ -197,7 +197,7 @@ def _scatter_transpose(cts: Tangent, ct: Primal, offsets: Primal, index: Primal,
         return [Zero(ct.aval), None, None, None]
     row_len = ct.aval.shape[-1]
     pad = jnp.zeros((1,) * nbatch, cts.dtype)
-    g = gather_p.bind(cts, offsets, index, num, pad, dim=dim, row_len=row_len,
+    g = _compat.bind(gather_p, cts, offsets, index, num, pad, dim=dim, row_len=row_len,
                       check_bounds=check_bounds, nbatch=nbatch, impl=impl)
     if g.shape != ct.aval.shape:
         # ct alone carried a batch dim (a vmap over pad_value only, say) that the scatter
@@ -213,7 +213,7 @@ def _scatter_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[in
     if bdims[0] is None:
         # ct always carries the full batch shape (its transpose, gather, returns it).
         ct = jnp.broadcast_to(ct, (axis_size,) + ct.shape[1:])
-    out = scatter_add_p.bind(ct, offsets, index, num, dim=dim, src_shape=src_shape,
+    out = _compat.bind(scatter_add_p, ct, offsets, index, num, dim=dim, src_shape=src_shape,
                              out_bshape=(axis_size,) + tuple(out_bshape),
                              check_bounds=check_bounds, nbatch=nbatch + 1, impl=impl)
     return out, 0

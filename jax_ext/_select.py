@@ -145,7 +145,7 @@ def _bind(cond: jax.Array, x: jax.Array, y: jax.Array, out_shape: Sequence[int],
                     (dims[0], tuple(dims[1]) + (r,), tuple(dims[2]) + (r,)), api)
         keys: jax.Array = jax.random.wrap_key_data(out, impl=impl)  # untyped on jax 0.10.2
         return keys
-    return select_p.bind(cond, x, y, out_shape=tuple(result_dim(d) for d in out_shape),
+    return _compat.bind(select_p, cond, x, y, out_shape=tuple(result_dim(d) for d in out_shape),
                          dims=tuple(tuple(d) for d in dims), impl=_config.current(),
                          api=api)
 
@@ -426,7 +426,7 @@ def _jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *,
          api: str) -> tuple[jax.Array, Tangent]:
     cond, x, y = primals
     tx, ty = (_compat.instantiate_tangent(t, p) for t, p in zip(tangents[1:], (x, y)))
-    out = select_p.bind(cond, x, y, out_shape=out_shape, dims=dims, impl=impl, api=api)
+    out = _compat.bind(select_p, cond, x, y, out_shape=out_shape, dims=dims, impl=impl, api=api)
     if type(tx) is Zero and type(ty) is Zero:
         return out, Zero(jax.typeof(out).to_tangent_aval())
     # A zero tangent is a scalar read with zero strides: nothing is materialized.
@@ -436,8 +436,8 @@ def _jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *,
         tx, tdims[1] = _zero_scalar(tdt), ()
     if type(ty) is Zero:
         ty, tdims[2] = _zero_scalar(tdt), ()
-    return out, select_p.bind(cond, tx, ty, out_shape=out_shape, dims=tuple(tdims), impl=impl,
-                              api=api)
+    return out, _compat.bind(select_p, cond, tx, ty, out_shape=out_shape, dims=tuple(tdims),
+                             impl=impl, api=api)
 
 
 def _unbroadcast(t: jax.Array, shape: Sequence[int], d: Sequence[int],
@@ -466,7 +466,7 @@ def _transpose(ct: Tangent, cond: Primal, x: Primal, y: Primal, *, out_shape: Se
             pair = (ct, z) if k == 1 else (z, ct)
             pdims = (dims[0], tuple(range(len(out_shape))), ()) if k == 1 else \
                     (dims[0], (), tuple(range(len(out_shape))))
-            picked = select_p.bind(cond, *pair, out_shape=out_shape, dims=pdims, impl=impl,
+            picked = _compat.bind(select_p, cond, *pair, out_shape=out_shape, dims=pdims, impl=impl,
                                    api=api)
             outs.append(_unbroadcast(picked, arg.aval.shape, dims[k], out_shape))
     return outs
@@ -483,7 +483,7 @@ def _batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None
         if bd is not None:
             nd.insert(bd, 0)
         new_dims.append(tuple(nd))
-    out = select_p.bind(*args, out_shape=(axis_size,) + tuple(out_shape),
+    out = _compat.bind(select_p, *args, out_shape=(axis_size,) + tuple(out_shape),
                         dims=tuple(new_dims), impl=impl, api=api)
     return out, 0
 
