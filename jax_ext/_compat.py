@@ -384,11 +384,13 @@ def varying_update(avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
     return {"manual_axis_type": like.mat.update(varying=axes)}
 
 
-def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
+def bind(prim: Primitive, *args: Any, **params: Any) -> jax.Array:
     """`prim.bind` with invariant operands made varying where they meet varying ones, as
     jax's lax primitives bind (a no-op outside shard_map and under check_vma=False)."""
     from jax._src import core as _core
-    return prim.bind(*_core.auto_insert_reshard(*args), **params)
+    insert: Callable[..., Sequence[Any]] = _core.auto_insert_reshard
+    out: jax.Array = prim.bind(*insert(*args), **params)  # jax_ext's primitives: one result
+    return out
 
 
 # --- lowering one shard of a custom_partitioning call ---------------------------------
