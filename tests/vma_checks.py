@@ -93,7 +93,7 @@ def _put_diff(args, diff, vals):
     return out
 
 
-def _out_specs(name, specs, diff, out):
+def _out_specs(name, specs, diff):
     """A forward result varies where any operand does; a gradient is placed like its primal."""
     fwd = S if any(s == S for s in specs) else R
     if name == "forward":
@@ -124,7 +124,7 @@ def run(mesh, manual, impls, vmas, results, prefix, ops=None, transforms=None):
                     outs = []
                     for f in (fn, twin):
                         body = _transforms(f, diff)[tname]
-                        osp = _out_specs(tname, specs, diff, None)
+                        osp = _out_specs(tname, specs, diff)
                         kw = {} if manual is None else {"axis_names": manual}
                         sm = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
                                                    out_specs=osp, check_vma=check_vma, **kw))
