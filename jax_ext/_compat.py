@@ -334,6 +334,19 @@ def explicit_axes(mesh: Any) -> bool:
         return False
 
 
+def auto_axes(fn: Callable[..., jax.Array],
+              out_sharding: jax.sharding.NamedSharding) -> Callable[..., jax.Array]:
+    """`jax.sharding.auto_axes(fn, out_sharding=...)` over the mesh's Explicit axes only.
+    Inside a partial-manual shard_map the mesh also has Manual axes, which auto_axes may
+    not turn Auto (jax raises NotImplementedError); they stay as they are."""
+    from jax.sharding import AxisType
+    mesh = out_sharding.mesh
+    axes = tuple(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit)
+    wrapped: Callable[..., jax.Array] = jax.sharding.auto_axes(fn, axes=axes,
+                                                               out_sharding=out_sharding)
+    return wrapped
+
+
 def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
     """The PartitionSpec entry of every dim of `aval` (an aval, or anything with `ndim`
     and `sharding`, such as a ShapeDtypeStruct): None where unsharded or unknown."""

@@ -509,7 +509,7 @@ def _lax_take(geo: _LaxGeometry, src: jax.Array, sv: jax.Array, row: jax.Array,
         f, i, dnums, (1,) * (k + 1) + geo.row_shape,
         mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if geo.sharding is not None:  # jax's gather cannot infer every result sharding
-        take = jax.sharding.auto_axes(take, out_sharding=geo.sharding)
+        take = _compat.auto_axes(take, geo.sharding)
     return take(flat, ids)
 
 

@@ -101,8 +101,8 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
         operand_batching_dims=tuple(range(k)), scatter_indices_batching_dims=tuple(full))
     add: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = lambda z, i, u: lax.scatter_add(
         z, i, u, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
-    if sharding is not None:  # jax cannot infer every scatter's result sharding
-        add = jax.sharding.auto_axes(add, out_sharding=zspec)
+    if zspec is not None:  # jax cannot infer every scatter's result sharding
+        add = _compat.auto_axes(add, zspec)
     out = add(zeros, ids, upd)
     out = out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
     return out
