@@ -119,6 +119,12 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
                 return False, f"argument of inner function {fname}"
             if name == "stablehlo.while":
                 return True, "loop state"
+            if name == "sdy.manual_computation" and depth < 8:
+                # shard_map's body: its arguments are the per-device shards of the
+                # shard_map's operands, in memory where those are.
+                outer = _outer_value(value, stack, level)
+                if outer is not None:
+                    return producer(outer[0], stack, outer[1], depth + 1)
             return False, f"block argument of {name}"
         op = value.owner
         name = op.operation.name if hasattr(op, "operation") else op.name
