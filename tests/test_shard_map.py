@@ -13,46 +13,86 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vma")
+TRANSFORMS = ("forward", "psum_forward", "grad", "jvp_of_grad", "linearize", "grad_of_grad",
+              "vmap_grad", "grad_in_vmap", "scan_grad")
+SMALL_OPS = {"select_numpy", "select_none", "where", "where3_rows", "where3_elementwise",
+             "gather"}
+IMPLS = ("native", "lax", "auto")
+# What each part of the matrix must hold: (prefix, ops, transforms, impl, check_vma), and
+# the implementations auto must have chosen in it, per primitive.
+EXPECTED = {
+    "select": [("", {"select_numpy", "select_none"}, TRANSFORMS, i, True) for i in IMPLS],
+    "where": [("", {"where", "where3_rows", "where3_elementwise"}, TRANSFORMS, i, True)
+              for i in IMPLS],
+    "gather": [("", {"gather"}, TRANSFORMS, i, True) for i in IMPLS],
+    "vma_off": [("", SMALL_OPS, ("forward", "grad"), i, False) for i in IMPLS],
+    "auto_big": [("big:", {"where_big", "gather_big"}, ("forward", "grad"), "auto", True)],
+    "partial_manual": [(f"2x2{kind}:", {"where", "gather"}, ("forward", "grad"), i, True)
+                       for kind in ("explicit", "explicit+y", "auto", "auto+y")
+                       for i in IMPLS],
+}
+# What auto chose, at least: small shards whose producers fuse run lax; big shards read
+# from the arguments run the kernels. The matrix checks both sides of auto's thresholds
+# against the jnp twins.
+AUTO_SIDES = {"where": {"select": {"lax"}},
+              "gather": {"gather": {"native", "lax"}, "scatter_add": {"lax"}},
+              "auto_big": {"select": {"native"}, "gather": {"native"}, "scatter_add": {"native"}}}
+
+
+def _run_part(part, out):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                         " --xla_force_host_platform_device_count=4").strip()
     env.pop("JAX_EXT_IMPL", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "vma_checks.py"), str(out)],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "vma_checks.py"), str(out), part],
                           env=env, cwd=HERE, capture_output=True, text=True, timeout=900)
-    path = out / "vma.json"
+    path = out / f"{part}.json"
     if proc.returncode != 0 or not path.exists():
-        pytest.fail(f"vma_checks.py failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                    f"{proc.stderr[-4000:]}")
+        pytest.fail(f"vma_checks.py {part} failed (rc {proc.returncode}):\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return json.loads(path.read_text())
 
 
-def _known_gap(case):
-    """Partial-manual shard_map on explicit axes: the lax formulation of gather is refused by
-    jax ("Going from Manual AxisType to Auto or Explicit AxisType is not allowed"). Asserted
-    as a failure so that the day it runs, this list must shrink."""
-    return case.startswith("2x2explicit:gather") and ("[lax]" in case or "[auto]" in case)
+def _parse(case):
+    """'2x2auto:where[R,S][grad][lax][vma=True]' -> ('2x2auto:', 'where', 'grad', 'lax', True)"""
+    head, *fields = case.split("[")
+    prefix, _, op = head.rpartition(":")
+    placement, tname, impl, vma = (f.rstrip("]") for f in fields)
+    return (prefix + ":" if prefix else ""), op, tname, impl, vma == "vma=True"
 
 
-def test_matrix_covers_every_op_and_transform(matrix):
-    ops = {k.split("[")[0].split(":")[-1] for k in matrix}
-    assert ops == {"select_numpy", "select_none", "where", "where3_rows",
-                   "where3_elementwise", "gather"}
-    for t in ("forward", "psum_forward", "grad", "jvp_of_grad", "vmap_grad", "scan_grad"):
-        assert any(f"[{t}]" in k for k in matrix), t
-    assert any("[vma=False]" in k for k in matrix) and any(k.startswith("2x2auto:") for k in matrix)
-    assert len(matrix) > 1000
-
-
-def test_every_case_matches_the_jnp_twin(matrix):
-    bad = {k: v for k, v in matrix.items() if v is not None and not _known_gap(k)}
-    assert not bad, f"{len(bad)} of {len(matrix)} cases differ from jnp:\n" + "\n".join(
+@pytest.mark.parametrize("part", sorted(EXPECTED))
+def test_matrix_part_matches_the_jnp_twins(part, tmp_path):
+    """Every case of the part equals its jnp twin, and the part holds every op under every
+    transform, placement and implementation it is meant to (nothing silently dropped)."""
+    matrix = _run_part(part, tmp_path)
+    cases = matrix["cases"]
+    bad = {k: v for k, v in cases.items() if v is not None}
+    assert not bad, f"{len(bad)} of {len(cases)} cases differ from jnp:\n" + "\n".join(
         f"{k}: {v[:400]}" for k, v in list(bad.items())[:10])
-
-
-def test_known_gap_still_fails_loudly(matrix):
-    gap = {k: v for k, v in matrix.items() if _known_gap(k)}
-    assert gap and all(v is not None and "NotImplementedError" in v for v in gap.values()), {
-        k: v for k, v in gap.items() if v is None}
+    seen = {}
+    for case in cases:
+        prefix, op, tname, impl, vma = _parse(case)
+        seen.setdefault((prefix, impl, vma), set()).add((op, tname))
+    first_order = {"select_none", "where3_elementwise"}
+    want = {}
+    for prefix, ops, transforms, impl, vma in EXPECTED[part]:
+        want[(prefix, impl, vma)] = {(op, t) for op in ops for t in transforms
+                                     if op not in first_order or
+                                     t in ("forward", "psum_forward", "grad")}
+    assert seen == want
+    # Each op ran replicated and with sharded operands (vma_checks.py's _placements makes
+    # every combination).
+    placements = {}
+    for case in cases:
+        op, spec = case.split("[")[:2]
+        placements.setdefault(op, set()).add(spec.rstrip("]"))
+    for op, specs in placements.items():
+        assert len(specs) >= 2 and any("S" not in s for s in specs), (op, specs)
+    if part in AUTO_SIDES:
+        sides = {}
+        for decisions in matrix["auto"].values():
+            for op, impl in decisions:
+                sides.setdefault(op, set()).add(impl)
+        for op, want in AUTO_SIDES[part].items():
+            assert want <= sides.get(op, set()), (op, sides)

@@ -2,7 +2,7 @@
 XLA_FLAGS=--xla_force_host_platform_device_count=4 (jax fixes the device count when its
 backends start).
 
-    python tests/vma_checks.py OUTDIR   # OUTDIR/vma.json: {case: error or null}
+    python tests/vma_checks.py OUTDIR PART   # OUTDIR/PART.json: {case: error or null}
 
 Each case runs one op inside ``jax.shard_map`` on a 1-D mesh ("x", 4 devices) or a 2x2 mesh
 with only "x" manual, every operand replicated (P()) or sharded (P("x")), with check_vma on
@@ -35,9 +35,23 @@ def _gather_twin(src, idx, num, pad):
     return jnp.where(valid[:, None], rows, pad)
 
 
-def _ops():
-    """name -> (jax_ext fn, jnp twin, example args, which args are differentiable)."""
+def _gather_fn(s, i, n, p):
+    return jax_ext.gather(s, [0], 0, i, num_indices=n, pad_value=p, align_bytes=None)
+
+
+def _ops(big=False):
+    """name -> (jax_ext fn, jnp twin, example args, which args are differentiable).
+    big: shards large enough that auto runs the kernels (the small ones run lax for select
+    and the scatter-add)."""
     rng = np.random.default_rng(0)
+    if big:
+        c = rng.random((1 << 14, 64)) < 0.5
+        x, y, src = (rng.standard_normal(s).astype(np.float32)
+                     for s in ((1 << 14, 64), (1 << 14, 64), (1 << 12, 64)))
+        idx = rng.integers(-8, (1 << 12) + 8, 1 << 14).astype(np.int32)
+        return {"where_big": (jax_ext.where, jnp.where, (c, x, y), (1, 2)),
+                "gather_big": (_gather_fn, _gather_twin,
+                               (src, idx, np.int32(1 << 13), np.float32(0.5)), (0, 3))}
     c = rng.random((8, 4)) < 0.5
     x = rng.standard_normal((8, 4)).astype(np.float32)
     y = rng.standard_normal((8, 4)).astype(np.float32)
@@ -53,36 +67,40 @@ def _ops():
         "where3_rows": (jax_ext.where3, lambda c, x, y: jnp.where(c[:, None], x, y),
                         (c[:, 0], x, y), (1, 2)),
         "where3_elementwise": (jax_ext.where3, jnp.where, (c, x, y), (1, 2)),
-        "gather": (lambda s, i, n, p: jax_ext.gather(s, [0], 0, i, num_indices=n, pad_value=p,
-                                                     align_bytes=None),
-                   _gather_twin, (src, idx, np.int32(7), np.float32(0.5)), (0, 3)),
+        "gather": (_gather_fn, _gather_twin, (src, idx, np.int32(7), np.float32(0.5)), (0, 3)),
     }
 
 
-def _placements(args):
+def _placements(args, rows):
     """Every operand replicated or sharded (a (1, 4) row or a scalar stays replicated)."""
-    choices = [(R, S) if np.ndim(a) and np.shape(a)[0] == 8 else (R,) for a in args]
+    choices = [(R, S) if np.ndim(a) and np.shape(a)[0] == rows else (R,) for a in args]
     return list(itertools.product(*choices))
 
 
 def _transforms(fn, diff):
-    w = jnp.linspace(0.5, 2.0, 4, dtype=jnp.float32)
-
-    def loss(*a):
-        return jax.lax.psum(jnp.sum(fn(*a) * w), "x")
+    def loss(*a):  # squared, so that second derivatives run through the op again
+        out = fn(*a)
+        w = jnp.linspace(0.5, 2.0, out.shape[-1], dtype=jnp.float32)
+        return jax.lax.psum(jnp.sum(out ** 2 * w), "x")
     g = jax.grad(loss, argnums=diff)
+
+    def along(*a):  # a direction per differentiable operand
+        return tuple(jnp.ones_like(a[k]) for k in diff)
     return {
         "forward": fn,
         "psum_forward": loss,
         "grad": g,
         "jvp_of_grad": lambda *a: jax.jvp(lambda *d: g(*_put_diff(a, diff, d)),
-                                          tuple(a[k] for k in diff),
-                                          tuple(jnp.ones_like(a[k]) for k in diff))[1],
+                                          tuple(a[k] for k in diff), along(*a))[1],
+        "linearize": lambda *a: jax.linearize(lambda *d: fn(*_put_diff(a, diff, d)),
+                                              *(a[k] for k in diff))[1](*along(*a)),
+        "grad_of_grad": jax.grad(lambda *a: sum(jnp.sum(t * t) for t in g(*a)), argnums=diff),
         "vmap_grad": lambda *a: jax.vmap(
             lambda s: g(*_put_diff(a, diff, [a[k] * s for k in diff])))(
             jnp.array([1.0, 2.0], jnp.float32)),
         "scan_grad": lambda *a: jax.lax.scan(
             lambda carry, _: (carry, g(*a)), 0.0, None, length=2)[1],
+        "grad_in_vmap": g,  # the shard_map itself vmapped (see run)
     }
 
 
@@ -96,7 +114,7 @@ def _put_diff(args, diff, vals):
 def _out_specs(name, specs, diff):
     """A forward result varies where any operand does; a gradient is placed like its primal."""
     fwd = S if any(s == S for s in specs) else R
-    if name == "forward":
+    if name in ("forward", "linearize"):
         return fwd
     if name == "psum_forward":
         return R
@@ -106,53 +124,127 @@ def _out_specs(name, specs, diff):
     return per
 
 
-def run(mesh, manual, impls, vmas, results, prefix, ops=None, transforms=None):
-    for (op, (fn, twin, args, diff)), impl, check_vma in itertools.product(
-            _ops().items(), impls, vmas):
+def _stacked(a, k, diff):
+    """Two examples of operand k for a vmap over the shard_map: the differentiable ones
+    scaled, the others repeated."""
+    return np.stack([a, a * 2 if k in diff else a])
+
+
+def _local(a, s, op, rows, nx):
+    """A replicated operand has the local shape of a shard (its first rows), except
+    gather's operands: any row index may read the table, and a replicated index vector
+    gathers every row on every device."""
+    if s == S or op.startswith("gather") or np.ndim(a) == 0 or np.shape(a)[0] != rows:
+        return a
+    return a[:rows // nx]
+
+
+def _placement(mesh, s, a, cols_on_y):
+    """Where an operand lives: its manual spec, and (cols_on_y) its columns sharded along
+    the mesh's automatic axis "y" too."""
+    if cols_on_y and np.ndim(a) == 2:
+        return NamedSharding(mesh, P(s[0] if len(s) else None, "y"))
+    return NamedSharding(mesh, s)
+
+
+# The front-ends that only validate differently from one that is kept (select without
+# broadcasting, where3 element-wise: both are where) run forward and first derivatives only.
+_FIRST_ORDER_ONLY = {"select_none", "where3_elementwise"}
+_FIRST_ORDER = ("forward", "psum_forward", "grad")
+
+
+def _case(fn, tname, diff, mesh, manual, specs, check_vma, vm, placed):
+    """The shard_map of fn under transform tname, jitted, run on the placed operands."""
+    body = _transforms(fn, diff)[tname]
+    kw = {} if manual is None else {"axis_names": manual}
+    sm = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
+                       out_specs=_out_specs(tname, specs, diff), check_vma=check_vma, **kw)
+    return jax.tree.map(np.asarray, jax.jit(jax.vmap(sm) if vm else sm)(*placed))
+
+
+def run(mesh, manual, impls, vmas, results, decisions, prefix, ops=None, transforms=None,
+        big=False, cols_on_y=False):
+    """Every case of ops x placements x transforms x check_vma: the jnp twin run once, then
+    jax_ext under each implementation compared with it."""
+    from jax_ext.auto import explain
+    for (op, (fn, twin, args, diff)), check_vma in itertools.product(_ops(big).items(), vmas):
         if ops is not None and op not in ops:
             continue
-        for specs in _placements(args):
-            # A replicated operand has the local shape of a shard (the first rows),
-            # except gather's table, which any row index may read.
-            local = [a if s == S or op == "gather" or np.ndim(a) == 0 or np.shape(a)[0] != 8
-                     else a[:8 // mesh.shape["x"]] for a, s in zip(args, specs)]
-            placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(local, specs)]
+        rows = np.shape(args[0])[0] if not op.startswith("gather") else None
+        for specs in _placements(args, np.shape(args[1 if op.startswith("gather") else 0])[0]):
+            local = [_local(a, s, op, rows, mesh.shape["x"]) for a, s in zip(args, specs)]
             for tname in transforms or _transforms(fn, diff):
-                case = (f"{prefix}{op}[{','.join('S' if s == S else 'R' for s in specs)}]"
-                        f"[{tname}][{impl}][vma={check_vma}]")
+                if op in _FIRST_ORDER_ONLY and tname not in _FIRST_ORDER:
+                    continue
+                name = f"{prefix}{op}[{','.join('S' if s == S else 'R' for s in specs)}][{tname}]"
+                vm = tname == "grad_in_vmap"
+                vals = [_stacked(a, k, diff) for k, a in enumerate(local)] if vm else local
+                placed = [jax.device_put(a, _placement(mesh, P(None, *s) if vm else s, a[0]
+                                                       if vm else a, cols_on_y))
+                          for a, s in zip(vals, specs)]
                 try:
-                    outs = []
-                    for f in (fn, twin):
-                        body = _transforms(f, diff)[tname]
-                        osp = _out_specs(tname, specs, diff)
-                        kw = {} if manual is None else {"axis_names": manual}
-                        sm = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
-                                                   out_specs=osp, check_vma=check_vma, **kw))
-                        with jax_ext.implementation(impl):
-                            outs.append(jax.tree.map(np.asarray, sm(*placed)))
-                    got, want = outs
-                    for g_, w_ in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-                        if tname == "forward":
-                            assert g_.tobytes() == w_.tobytes(), (g_, w_)
-                        else:
-                            np.testing.assert_allclose(g_, w_, rtol=1e-6, atol=1e-6)
-                    results[case] = None
-                except Exception as e:  # recorded, asserted by the parent
-                    results[case] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+                    want = _case(twin, tname, diff, mesh, manual, specs, check_vma, vm, placed)
+                    twin_error = None
+                except Exception as e:  # every case of this twin is recorded as failed
+                    twin_error = f"the jnp twin failed: {type(e).__name__}: {e}"
+                for impl in impls:
+                    case = f"{name}[{impl}][vma={check_vma}]"
+                    if twin_error is not None:
+                        results[case] = twin_error
+                        continue
+                    try:
+                        with jax_ext.implementation(impl), explain.recording() as rec:
+                            got = _case(fn, tname, diff, mesh, manual, specs, check_vma, vm,
+                                        placed)
+                        if impl == "auto":
+                            decisions[case] = sorted({(d.op, d.impl) for d in rec})
+                        for g_, w_ in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                            if tname == "forward":
+                                assert g_.tobytes() == w_.tobytes(), (g_, w_)
+                            else:
+                                np.testing.assert_allclose(g_, w_, rtol=1e-6, atol=1e-6)
+                        results[case] = None
+                    except Exception as e:  # recorded, asserted by the parent
+                        results[case] = (f"{type(e).__name__}: {e}\n"
+                                         f"{traceback.format_exc()[-1500:]}")
 
 
-if __name__ == "__main__":
-    outdir = sys.argv[1]
-    assert len(jax.devices()) == 4, jax.devices()
-    results = {}
-    mesh1 = jax.make_mesh((4,), ("x",))
-    run(mesh1, None, ["native", "lax", "auto"], [True], results, "")
-    run(mesh1, None, ["lax"], [False], results, "")
-    # Partial manual: "y" is left to the partitioner, on explicit and on auto axes.
+ALL = ["native", "lax", "auto"]
+
+
+def _partial_manual(results, decisions):
+    """Partial manual: "y" is left to the partitioner, on explicit and on auto axes, with
+    the operands' columns sharded along it or not."""
     from jax.sharding import AxisType
     for kind, types in (("explicit", (AxisType.Explicit,) * 2), ("auto", (AxisType.Auto,) * 2)):
         mesh2 = jax.make_mesh((2, 2), ("x", "y"), axis_types=types)
-        run(mesh2, {"x"}, ["native", "lax", "auto"], [True], results, f"2x2{kind}:",
-            ops=("where", "gather"), transforms=("forward", "grad"))
-    with open(os.path.join(outdir, "vma.json"), "w") as f:
-        json.dump(results, f)
+        for on_y in (False, True):
+            run(mesh2, {"x"}, ALL, [True], results, decisions,
+                f"2x2{kind}{'+y' if on_y else ''}:", ops=("where", "gather"),
+                transforms=("forward", "grad"), cols_on_y=on_y)
+
+
+# The matrix in parts, each its own child process (so that a parallel test run spreads
+# them): every op under every transform and implementation, check_vma off, auto with shards
+# big enough for the kernels, partial manual.
+PARTS = {
+    "select": lambda r, d, m: run(m, None, ALL, [True], r, d, "",
+                                  ops=("select_numpy", "select_none")),
+    "where": lambda r, d, m: run(m, None, ALL, [True], r, d, "",
+                                 ops=("where", "where3_rows", "where3_elementwise")),
+    "gather": lambda r, d, m: run(m, None, ALL, [True], r, d, "", ops=("gather",)),
+    "vma_off": lambda r, d, m: run(m, None, ALL, [False], r, d, "",
+                                   transforms=("forward", "grad")),
+    "auto_big": lambda r, d, m: run(m, None, ["auto"], [True], r, d, "big:", big=True,
+                                    transforms=("forward", "grad")),
+    "partial_manual": lambda r, d, m: _partial_manual(r, d),
+}
+
+
+if __name__ == "__main__":
+    outdir, part = sys.argv[1], sys.argv[2]
+    assert len(jax.devices()) == 4, jax.devices()
+    results, decisions = {}, {}
+    PARTS[part](results, decisions, jax.make_mesh((4,), ("x",)))
+    with open(os.path.join(outdir, f"{part}.json"), "w") as f:
+        json.dump({"cases": results, "auto": decisions}, f)
