@@ -58,8 +58,32 @@ def pytest_addoption(parser):
                      help="run the big-buffer tests (> 2^31 bytes, several GiB of memory)")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml's addopts): a worker per core this process may run on, at
+    most 8 (each worker's tests start child processes of their own with 4-8 devices)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def _group_by_module_fixture(items):
+    """A module-scoped fixture here runs a child process (a sharding or device matrix):
+    the tests that read one share an xdist group, so that it runs once, on one worker.
+    (A test that takes its fixture by request.getfixturevalue names the group itself.)"""
+    import pytest
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = sorted(f"{item.module.__name__}.{name}" for name in item.fixturenames
+                        if not name.startswith("_xunit")  # setup_module(): cheap
+                        and (defs := info.name2fixturedefs.get(name))
+                        and defs[-1].scope == "module")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group("+".join(shared)))
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
+    _group_by_module_fixture(items)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="big-buffer test: pass --run-slow")

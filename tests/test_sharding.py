@@ -118,16 +118,21 @@ def test_other_checks(results, name):
     _get(results, name)
 
 
-@pytest.mark.parametrize("x64", ["x64", "nox64"])
-@pytest.mark.parametrize("ndev", [4, 8])
+MATRIX_FIXTURES = {(4, "x64"): "results", (8, "x64"): "results8",
+                   (4, "nox64"): "results4_nox64", (8, "nox64"): "results8_nox64"}
+
+
+# Each (devices, x64) pair reads one child process's results: its tests share a worker
+# under pytest-xdist (tests/conftest.py), so that the child runs once.
+@pytest.mark.parametrize("ndev,x64", [
+    pytest.param(n, x, id=f"{n}-{x}", marks=pytest.mark.xdist_group(f"test_sharding.{f}"))
+    for (n, x), f in MATRIX_FIXTURES.items()])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("check", MATRIX)
 def test_matrix(request, check, impl, kind, ndev, x64):
     """Exact on every implementation and mesh kind; no collective where the check says."""
-    fixture = {(4, "x64"): "results", (8, "x64"): "results8", (4, "nox64"): "results4_nox64",
-               (8, "nox64"): "results8_nox64"}[ndev, x64]
-    _get(request.getfixturevalue(fixture), f"{check}[{impl},{kind}]")
+    _get(request.getfixturevalue(MATRIX_FIXTURES[ndev, x64]), f"{check}[{impl},{kind}]")
 
 
 # The issue's program, as a user wrote it: the gradient of a gather whose index is sharded
