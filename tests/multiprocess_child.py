@@ -1,6 +1,8 @@
 """One process of test_multiprocess.py: joins a 2-process jax.distributed job on loopback
 (gloo CPU collectives, 2 host devices per process), then runs the sharding matrix of
-sharding_checks.py over the 4 global devices and writes OUTDIR/process<ID>.json.
+sharding_checks.py over the 4 global devices, and a data-parallel training step under
+shard_map (replicated parameters, the batch sharded over both processes' devices) against
+its jnp twin, and writes OUTDIR/process<ID>.json.
 
     python tests/multiprocess_child.py PORT PROCESS_ID OUTDIR
 """
@@ -9,6 +11,57 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def training_step(sc, impl):
+    """Three SGD steps of an embedding model with a where mask under shard_map: the
+    replicated table, projection and mask value get their gradients summed over the 4
+    devices of both processes; losses and parameters equal the jnp twin's at every step."""
+    import jax_ext
+    rng = np.random.default_rng(3)
+    mesh = sc.MESHES["auto"]  # the 4 devices of both processes
+    params = {"emb": rng.standard_normal((32, 8)).astype(np.float32),
+              "w": rng.standard_normal((8,)).astype(np.float32),
+              "fill": np.array(0.5, np.float32)}
+    ids = rng.integers(0, 32, (8, 6)).astype(np.int32)
+    y = rng.standard_normal((8, 6)).astype(np.float32)
+    m = rng.random((8, 6)) < 0.75
+
+    def ours(p, i, mk):
+        rows = jax_ext.gather(p["emb"], [0], 0, i.reshape(-1), align_bytes=None)
+        return jax_ext.where(mk, (rows @ p["w"]).reshape(i.shape), p["fill"])
+
+    def twin(p, i, mk):
+        return jnp.where(mk, jnp.take(p["emb"], i, axis=0) @ p["w"], p["fill"])
+
+    def make(predict):
+        def step(p, i, t, mk):
+            loss = lambda q: jax.lax.psum(jnp.sum((predict(q, i, mk) - t) ** 2), "x")
+            value, g = jax.value_and_grad(loss)(p)
+            return jax.tree.map(lambda a, d: a - 0.01 * d, p, g), value
+        return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("x"), P("x"), P("x")),
+                                     out_specs=(P(), P())))
+
+    batch = [sc.global_array(a, NamedSharding(mesh, P("x"))) for a in (ids, y, m)]
+    history = {}
+    for name, predict in (("ours", ours), ("twin", twin)):
+        p = {k: sc.global_array(v, NamedSharding(mesh, P())) for k, v in params.items()}
+        step, history[name] = make(predict), []
+        with jax_ext.implementation(impl):
+            for _ in range(3):
+                p, value = step(p, *batch)
+                # replicated: every process holds the whole value
+                history[name].append(jax.tree.map(lambda a: np.asarray(a.addressable_data(0)),
+                                                  (value, p)))
+    for k, (got, want) in enumerate(zip(history["ours"], history["twin"])):
+        for g_, w_ in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(g_, w_, rtol=1e-6, atol=1e-6, err_msg=f"step {k}")
+    losses = [float(v) for v, _ in history["ours"]]
+    assert losses[-1] < losses[0], losses
+    return {"losses": losses}
 
 if __name__ == "__main__":
     port, pid, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -22,6 +75,8 @@ if __name__ == "__main__":
     assert jax.process_count() == 2 and len(sc.DEV) == 4 and jax.local_device_count() == 2, (
         jax.process_count(), len(sc.DEV), jax.local_device_count())
     sc.run_matrix()
+    for impl in sc.IMPLS:
+        sc.check(f"shard_map_training_step[{impl}]")(lambda: training_step(sc, impl))
     with open(os.path.join(outdir, f"process{pid}.json"), "w") as f:
         json.dump(sc.RESULTS, f, indent=1)
     jax.distributed.shutdown()

@@ -69,3 +69,15 @@ def test_two_processes(results, check, impl, kind):
     for k, res in enumerate(results):
         assert name in res, f"process {k}: {name} did not run"
         assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shard_map_training_step_across_processes(results, impl):
+    """A data-parallel step under shard_map over both processes' devices (replicated
+    parameters, the batch sharded): losses and parameters equal the jnp twin's at every
+    step, in both processes."""
+    name = f"shard_map_training_step[{impl}]"
+    for k, res in enumerate(results):
+        assert name in res, f"process {k}: {name} did not run"
+        assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
+    assert results[0][name]["losses"] == results[1][name]["losses"]
