@@ -497,7 +497,8 @@ def tune(fn: Callable[..., Any], *args: Any, budget_s: float = 10.0, pattern: st
     :func:`tuning`), and implementation ``"auto"`` takes them from then on, in this
     process and later ones on this machine: :func:`explain` then says
     ``tuned: 1.9 ms vs lax 3.1 ms, 24 rounds``. Every path gives the same bits, so tuning
-    changes times, never results.
+    changes times, never results. On a GPU or TPU (jax's default backend is not the
+    CPU) every call site runs lax, so ``tune`` measures and stores nothing.
 
     Args:
         fn: the program, a function or a ``jax.jit``-ed one, as for :func:`explain`.
@@ -528,6 +529,13 @@ def tune(fn: Callable[..., Any], *args: Any, budget_s: float = 10.0, pattern: st
         raise ValueError(f"tune: pattern must be 'both', 'reused' or 'fresh', got {pattern!r}")
     t0 = _clock()
     deadline, log = t0 + budget_s, _progress(progress, _clock, t0)
+    import jax
+    if jax.default_backend() != "cpu":
+        # The kernels are CPU code: on any other device every call site lowers to lax, so
+        # there is nothing to choose (and a choice stored here would steer the CPU's).
+        log(f"done: jax's default backend is {jax.default_backend()}, where every call site "
+            "runs lax; nothing to tune")
+        return Report(seconds=_clock() - t0)
     patterns = ("reused", "fresh") if pattern == "both" else (pattern,)
     prog = _Program(fn, args, kwargs, patterns, _clock)
     sites = prog.sites()
