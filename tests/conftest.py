@@ -81,9 +81,25 @@ def _group_by_module_fixture(items):
             item.add_marker(pytest.mark.xdist_group("+".join(shared)))
 
 
+def _only_the_gpu_subset_off_the_cpu(items):
+    """On a GPU or TPU (jax's default backend), the tests outside the `gpu` subset skip:
+    they need what only the CPU has (the kernels on the default device, forced host
+    devices in child processes). .ci/gpu-check runs the subset (`pytest -m gpu`)."""
+    import pytest
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"needs the CPU backend (jax's default here is {backend}); "
+                            "the GPU subset is marked gpu")
+    for item in items:
+        if item.get_closest_marker("gpu") is None:
+            item.add_marker(skip)
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
     _group_by_module_fixture(items)
+    _only_the_gpu_subset_off_the_cpu(items)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="big-buffer test: pass --run-slow")

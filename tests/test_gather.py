@@ -176,6 +176,7 @@ def test_align_bytes(align, last):
     assert (got.shape[-1] * 4) % (align or 4) == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_bit_exact(dtype):
     rng = np.random.default_rng(4)
@@ -308,6 +309,7 @@ def dense_grads(src, offsets, dim, index, ct, *, check_bounds=True, num_indices=
     return gs, ct[mask].sum()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_grad_against_dense_reference_with_duplicates(dtype, impl):
@@ -414,6 +416,7 @@ def test_linear_transpose_jvp_and_hessian(impl):
         assert h.shape == (6, 4, 6, 4) and float(h[5, 0, 5, 0]) == 4.0
 
 
+@pytest.mark.gpu
 def test_inside_scan_cond_checkpoint():
     src = jnp.arange(40.0).reshape(10, 4)
 
@@ -456,6 +459,7 @@ ALL_AXES = [(0, None, None, None, None), (None, 0, None, None, None), (None, Non
             (0, None, 1, None, 0), (None, 0, 1, 0, None)]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("in_axes", ALL_AXES)
 def test_vmap_each_operand_and_combinations(in_axes):
     rng = np.random.default_rng(8)

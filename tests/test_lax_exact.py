@@ -57,6 +57,10 @@ def _ref_gather(src, off0, index, *, num=None, pad, align_bytes=32):
 
 
 def _with(impl, fn, *args):
+    """fn's result under `impl`; "native" runs on the CPU device, where the kernels are, so
+    that on a GPU (the GPU check) the device's lax path is compared with the CPU kernels."""
+    if impl == "native":
+        args = jax.device_put(args, jax.devices("cpu")[0])
     with jax_ext.implementation(impl):
         return np.asarray(jax.jit(fn)(*args))
 
@@ -70,6 +74,7 @@ GATHERS = {
 }
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GATHERS))
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_lax_gather_exact(dt, case):
@@ -84,6 +89,7 @@ def test_lax_gather_exact(dt, case):
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dt", DTYPES[:3], ids=lambda d: np.dtype(d).name)
 def test_lax_vmap_batched_pad_exact(dt):
     """A pad value per batch element: the pad columns are one broadcast block per batch
@@ -97,6 +103,7 @@ def test_lax_vmap_batched_pad_exact(dt):
         np.testing.assert_array_equal(_bits(got[b]), _bits(want))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(64, 16), (300, 3)])
 def test_lax_gather_exact_constant_pad_no_columns(shape):
     """Pad rows of a constant NaN pad_value and no padding column: the gather and the
@@ -110,6 +117,7 @@ def test_lax_gather_exact_constant_pad_no_columns(shape):
                                                                 align_bytes=None)))
 
 
+@pytest.mark.gpu
 def test_issue_snippet_bf16_payload():
     src = np.full((2, 8), 0x7fc5, np.uint16).view(ml_dtypes.bfloat16)
     for impl in ("lax", "auto"):
@@ -131,6 +139,7 @@ FUSED = {
 }
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not jax_ext.native_available(), reason="compares with the native path")
 @pytest.mark.parametrize("case", sorted(FUSED))
 @pytest.mark.parametrize("dt", [ml_dtypes.bfloat16, ml_dtypes.float8_e5m2, np.float16],
@@ -143,6 +152,7 @@ def test_lax_gather_exact_inside_fusions(dt, case):
                                   _bits(_with("native", f, src, idx, pad)))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dt", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn],
                          ids=lambda d: np.dtype(d).name)
 def test_lax_select_exact_inside_fusions(dt):
@@ -243,6 +253,7 @@ def test_row_ids_stay_wide_when_the_row_count_does_not_fit():
         assert set(_index_types(jax.grad(loss), fits, idx)) == {"i32"}
 
 
+@pytest.mark.gpu
 def test_lax_vmap_gather_and_grad_match_jnp():
     rng = np.random.default_rng(8)
     src = rng.standard_normal((3, 10, 4)).astype(np.float32)

@@ -69,6 +69,7 @@ def test_other_platforms_lower_to_lax(platform, name):
     assert not _CALL.search(_lowered(f, args, (platform,)))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_export_for_cpu_and_gpu_is_portable_and_exact(name):
     f, args, ref = CASES[name]
@@ -81,6 +82,7 @@ def test_export_for_cpu_and_gpu_is_portable_and_exact(name):
     assert_bits_equal(back.call(*args), ref(*args))
 
 
+@pytest.mark.gpu
 def test_explain_reports_a_multi_platform_lowering_as_lax():
     rng = np.random.default_rng(0)
     c, x = rng.integers(0, 2, 1 << 14).astype(bool), rng.standard_normal(1 << 14)

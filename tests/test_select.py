@@ -98,6 +98,7 @@ def test_where3_matches_numpy_and_lax(shape, dtype, mode, seed):
         assert_bits_equal(outs[-1], want)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_native_equals_lax_every_dtype_jit(dtype):
     rng = np.random.default_rng(1)
@@ -214,6 +215,7 @@ def test_check_grads_order_2(shapes, dtype, impl):
                     modes=("fwd", "rev"), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("shapes", GRAD_CASES)
 def test_grad_matches_jnp_where(shapes):
     rng = np.random.default_rng(3)
@@ -243,6 +245,7 @@ def test_condition_gets_float0_and_integers_do_not_differentiate():
     np.testing.assert_array_equal(t, [1.0, 0.0])
 
 
+@pytest.mark.gpu
 def test_linear_transpose_vjp_checkpoint_scan_cond():
     c = np.array([[True], [False]])
     x = jnp.arange(6.0).reshape(2, 3)
@@ -327,6 +330,7 @@ def test_vmap_where3_per_example_row_condition():
     assert hlo(jax.vmap(jax_ext.where3), c, x, y).count("stablehlo.custom_call") == 1
 
 
+@pytest.mark.gpu
 def test_vmap_of_grad_and_grad_of_vmap():
     c = np.array([[True, False, True], [False, False, True]])
     x = jnp.arange(6.0).reshape(2, 3)

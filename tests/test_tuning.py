@@ -334,3 +334,43 @@ def test_every_assignment_of_choices_gives_the_same_bits(k):
         got = prog.compiled(assignment)(*prog.dyn)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert_bits_equal(a, b)
+
+
+# --- on jax's default backend (the GPU check runs this on the GPU) -----------------------
+@pytest.mark.gpu
+def test_auto_and_tune_on_the_default_backend():
+    """auto lowers for the device the program runs on, and tune measures there: on the CPU
+    it times every call site; elsewhere every call site runs lax, there is nothing to
+    choose, and tune measures and stores nothing. The bits equal numpy's either way."""
+    rng = np.random.default_rng(4)
+    c = rng.integers(0, 2, (64, 8)).astype(bool)
+    x, y = (rng.standard_normal((64, 8)).astype(np.float32) for _ in range(2))
+    x[0, :2] = [-0.0, np.uint32(0x7f800011).view(np.float32)]  # a signalling NaN
+    src, idx = rng.standard_normal((40, 8)).astype(np.float32), rng.integers(-2, 44, 30)
+
+    def f(c, x, y, src, idx):
+        return jax_ext.where(c, x, y), jax_ext.gather(src, [0], 0, idx, align_bytes=None)
+    ok = (idx >= 0) & (idx < 40)
+    want = (np.where(c, x, y), np.where(ok[:, None], src[np.clip(idx, 0, 39)], 0))
+    on_cpu = jax.default_backend() == "cpu"
+    with jax_ext.implementation("native"):  # for the default device: kernels on CPU only
+        hlo = jax.jit(f).lower(c, x, y, src, idx).as_text()
+    assert ("custom_call @jax_ext_" in hlo) == (on_cpu and jax_ext.native_available())
+    for g, w in zip(jax.jit(f)(c, x, y, src, idx), want):
+        assert_bits_equal(g, w)
+    report = jax_ext.tune(f, c, x, y, src, idx, budget_s=3, progress=False)
+    if on_cpu:
+        assert sorted(r.op for r in report.sites) == ["gather", "select"]
+    else:
+        assert report.sites == [] and report.stored is None, report
+    for g, w in zip(jax.jit(f)(c, x, y, src, idx), want):
+        assert_bits_equal(g, w)
+
+
+def test_tune_off_the_cpu_measures_and_stores_nothing(monkeypatch, cache):
+    """The branch the GPU check takes, here with jax's default backend said to be a GPU."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    f = lambda t, i: jax_ext.gather(t, [0], 0, i).sum()  # noqa: E731
+    report = jax_ext.tune(f, np.ones((64, 8), np.float32), np.arange(4), budget_s=1,
+                          progress=False)
+    assert report.sites == [] and report.stored is None and not cache.exists()
