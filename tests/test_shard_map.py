@@ -96,3 +96,56 @@ def test_matrix_part_matches_the_jnp_twins(part, tmp_path):
                 sides.setdefault(op, set()).add(impl)
         for op, want in AUTO_SIDES[part].items():
             assert want <= sides.get(op, set()), (op, sides)
+
+
+# --- on one device, in this process (the GPU check runs these on the GPU) -----------------
+def _one_device_programs(where, take):
+    """A forward select of a gather and the gradient of a psum-ed loss through both, on a
+    1-device mesh: the table replicated, the rest sharded (of one shard)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, PartitionSpec as P
+    # jax's default device: the GPU on a GPU. Auto: numpy arguments are placed by in_specs.
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Auto,))
+
+    def loss(t, c, x, i):
+        return jax.lax.psum(jnp.sum(where(c, take(t, i), x) ** 2), "x")
+
+    def f(t, c, x, i):
+        return where(c, x, take(t, i)), jax.grad(loss, argnums=(0, 2))(t, c, x, i)
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("x"), P("x"), P("x")),
+                                 out_specs=(P("x"), (P(), P("x")))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+def test_on_one_device_forward_bits_and_gradients_match_the_jnp_twin(impl):
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_ext
+    rng = np.random.default_rng(11)
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    idx = np.array([1, 1, 2, 3, -1, 12, 6, 7], np.int32)  # a duplicate, out-of-range rows
+    c = rng.integers(0, 2, (8, 4)).astype(bool)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    x[0, :3] = [-0.0, np.uint32(0x7fc00005).view(np.float32), np.inf]  # a NaN payload
+
+    def take(t, i):
+        ok = (i >= 0) & (i < t.shape[0])
+        return jnp.where(ok[:, None], jnp.take(t, jnp.clip(i, 0, t.shape[0] - 1), axis=0), 0.0)
+    want = _one_device_programs(jnp.where, take)(table, c, x, idx)
+    ours = _one_device_programs(
+        jax_ext.where, lambda t, i: jax_ext.gather(t, [0], 0, i, pad_value=0.0,
+                                                   align_bytes=None))
+    with jax_ext.implementation(impl):
+        got = ours(table, c, x, idx)
+    assert np.asarray(got[0]).tobytes() == np.asarray(want[0]).tobytes()
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=0)
+    # The replicated table's gradient, by a loop: the duplicate row counted twice.
+    ref = np.zeros_like(table)
+    for k, r in enumerate(idx):
+        if 0 <= r < len(table):
+            ref[r] += np.where(c[k], 2 * table[r], np.float32(0))
+    np.testing.assert_allclose(np.asarray(got[1][0]), ref, rtol=1e-6, atol=0)
