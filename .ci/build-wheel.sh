@@ -48,15 +48,19 @@ export JAX_EXT_ZIG
 JAX_EXT_ZIG=$("$TOOLS/bin/python" -c 'import ziglang, os; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
 export JAX_EXT_ZIG_TARGET=$ARCH-linux-gnu.$GLIBC
 
-# What the wheel is for: the Python's version, and for a cross build the host platform and
-# (for the version-specific cp311 wheel) the extension suffix, which scikit-build-core takes
-# from these variables instead of the building Python's sysconfig.
+# What the wheel is for: the Python's version, and for a cross build the extension suffix of
+# the version-specific cp311 module (scikit-build-core reads SETUPTOOLS_EXT_SUFFIX instead of
+# the building Python's sysconfig; abi3 modules ignore it) and the wheel's tags.
+# _PYTHON_HOST_PLATFORM would set the tags too, but pip reads it as well and fills the build
+# environment with aarch64 wheels (cmake, jaxlib, numpy) that cannot run here.
 read -r PYVER SOABI < <("$PY" -c 'import sys, sysconfig; print("%d.%d" % sys.version_info[:2], sysconfig.get_config_var("SOABI"))')
-CROSS=()
+CROSS_ENV=() CROSS_ARGS=()
 if [ "$ARCH" != "$(uname -m)" ]; then
-  # cpython-311-x86_64-linux-gnu -> cpython-311-aarch64-linux-gnu (abi3 wheels ignore it).
-  CROSS=(env "_PYTHON_HOST_PLATFORM=linux-$ARCH"
-         "SETUPTOOLS_EXT_SUFFIX=.${SOABI/$(uname -m)/$ARCH}.so")
+  # cpython-311-x86_64-linux-gnu -> cpython-311-aarch64-linux-gnu
+  CROSS_ENV=("SETUPTOOLS_EXT_SUFFIX=.${SOABI/$(uname -m)/$ARCH}.so")
+  # pyproject.toml's wheel.py-api: cp312-abi3 from Python 3.12 on, cp311-cp311 before.
+  if [ "${PYVER#3.}" -ge 12 ]; then TAG=cp312-abi3; else TAG=cp${PYVER/./}-cp${PYVER/./}; fi
+  CROSS_ARGS=(-C "wheel.tags=$TAG-linux_$ARCH")
 fi
 
 echo "build-wheel: $ARCH wheel for Python $PYVER with zig $("$JAX_EXT_ZIG" version) (-target $JAX_EXT_ZIG_TARGET)"
@@ -66,10 +70,10 @@ t0=$(date +%s)
 # -include cstdio: nanobind's headers call fprintf(stderr, ...) without including <cstdio>;
 # under the stable ABI Python.h no longer includes <stdio.h>, and libc++, unlike libstdc++,
 # does not bring it in through <string> or <exception>, so the abi3 build fails without it.
-# build-dir: its own per wheel tag, so that a gcc build in build/{wheel_tag} (CI's sanitizer
-# build, a developer's) never shares a CMake cache with a zig one.
-"${CROSS[@]}" "$PY" -m pip wheel --quiet . --no-deps -w "$RAW" \
-  -C "build-dir=build/zig-{wheel_tag}" \
+# build-dir: one per architecture and wheel tag, so that a gcc build in build/{wheel_tag}
+# (CI's sanitizer build, a developer's) never shares a CMake cache with a zig one.
+env "${CROSS_ENV[@]}" "$PY" -m pip wheel --quiet . --no-deps -w "$RAW" \
+  -C "build-dir=build/zig-$ARCH-{wheel_tag}" "${CROSS_ARGS[@]}" \
   -C "cmake.define.CMAKE_CXX_COMPILER=$ROOT/.ci/zig/zig-c++" \
   -C "cmake.define.CMAKE_AR=$ROOT/.ci/zig/zig-ar" \
   -C "cmake.define.CMAKE_RANLIB=$ROOT/.ci/zig/zig-ranlib" \
@@ -78,9 +82,16 @@ t1=$(date +%s)
 RAWWHEEL=$(ls "$RAW"/*.whl)
 echo "build-wheel: built in $((t1 - t0)) s: $(basename "$RAWWHEEL")"
 
-PATH=$TOOLS/bin:$PATH "$TOOLS/bin/auditwheel" repair --plat "$POLICY" -w "$OUT" "$RAWWHEEL" 2>&1 | tail -1
+# auditwheel takes --plat only for the machine's own architecture (its argument parser lists
+# those); for a cross build "auto" picks the oldest policy the wheel satisfies, and the check
+# below holds it to manylinux_2_27 or older all the same.
+PLAT=$POLICY
+if [ "$ARCH" != "$(uname -m)" ]; then PLAT=auto; fi
+BASE=$(basename "$RAWWHEEL" | sed "s/-linux_$ARCH\.whl\$//")
+rm -f "$OUT/$BASE"-*manylinux*"_$ARCH".whl
+PATH=$TOOLS/bin:$PATH "$TOOLS/bin/auditwheel" repair --plat "$PLAT" -w "$OUT" "$RAWWHEEL" 2>&1 | tail -1
 # auditwheel adds the older tags the wheel also satisfies (manylinux2014, manylinux_2_17...).
-WHEEL=$(ls "$OUT"/"$(basename "$RAWWHEEL" | sed "s/-linux_$ARCH\.whl\$//")"-*"$POLICY"*.whl)
+WHEEL=$(ls "$OUT/$BASE"-*manylinux*"_$ARCH".whl)
 SHOW=$("$TOOLS/bin/auditwheel" show "$WHEEL" 2>&1)
 echo "$SHOW"
 
