@@ -46,10 +46,11 @@ if [ ! -x "$ARM/usr/bin/python3.11" ]; then
   for deb in "$ARM"/var/cache/apt/archives/*.deb; do dpkg-deb -x "$deb" "$ARM"; done
 fi
 cp "$QEMU" "$ARM/usr/bin/qemu-aarch64-static"
-# /proc and /dev for what runs inside (XLA reads the CPU's description, Python /dev/urandom).
+# /proc for what runs inside (XLA reads the CPU's description there). /dev needs no mount:
+# debootstrap made its nodes (null, zero, urandom...) in the root, and binding the host's
+# /dev there would expose it to a later rm -rf of the root.
 mount -t proc proc "$ARM/proc"
-mount --bind /dev "$ARM/dev"
-trap 'umount "$ARM/dev"; umount "$ARM/proc"' EXIT
+trap 'umount "$ARM/proc"' EXIT
 arm() { chroot "$ARM" /usr/bin/qemu-aarch64-static "$@"; }
 stamp "the root's Python: $(arm /usr/bin/python3.11 -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')"
 
