@@ -1,10 +1,14 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
 
-# The suite (its children included) never reads or writes the user's tuning cache.
+# The suite (its children included) never reads or writes the user's tuning cache; each
+# pytest process (xdist's workers too) removes its own folder when it exits.
 os.environ["JAX_EXT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_ext_test_cache_")
+atexit.register(shutil.rmtree, os.environ["JAX_EXT_CACHE_DIR"], ignore_errors=True)
 
 # 64-bit dtypes (float64, int64, uint64, complex128) are part of the contract.
 jax.config.update("jax_enable_x64", True)
