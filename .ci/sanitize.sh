@@ -4,14 +4,18 @@
 #
 # The sanitized build goes into its own virtual environment (system site packages
 # visible, so jax/jaxlib/pytest/hypothesis come from the normal install); the normal
-# install of jax_ext is left untouched. Usage: .ci/sanitize.sh [extra pytest args]
-# Env: JAX_EXT_ASAN_VENV (default build/asan-venv), HYPOTHESIS_PROFILE (default "ci").
+# install of jax_ext is left untouched. The build is the one `pip install` makes (build
+# isolation pulls the pinned jax/jaxlib 0.10.2 for their FFI headers), so under a newer
+# jax it is tested as the released wheels run there. Usage: .ci/sanitize.sh [extra pytest args]
+# Env: PYTHON (the interpreter whose packages the suite uses, default python3),
+# JAX_EXT_ASAN_VENV (default build/asan-venv-X.Y), HYPOTHESIS_PROFILE (default "ci").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-VENV=${JAX_EXT_ASAN_VENV:-$ROOT/build/asan-venv}
+PY=${PYTHON:-python3}
+PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+VENV=${JAX_EXT_ASAN_VENV:-$ROOT/build/asan-venv-$PYVER}
 LOGDIR=$ROOT/build/asan-logs
-PY=python3
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv --system-site-packages "$VENV"
@@ -26,8 +30,8 @@ if sys.prefix != sys.base_prefix:
 PY
 fi
 echo "sanitize.sh: building jax_ext with -fsanitize=address,undefined into $VENV"
-JAX_EXT_SANITIZE=ON "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps \
-  --force-reinstall -C build-dir=build/asan "$ROOT"
+JAX_EXT_SANITIZE=ON "$VENV/bin/python" -m pip install --quiet --no-deps \
+  --force-reinstall -C "build-dir=build/asan-{wheel_tag}" "$ROOT"
 
 # The module the venv imports must be the sanitized one.
 SO=$(cd /tmp && "$VENV/bin/python" - <<'PY'
