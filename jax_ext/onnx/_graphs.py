@@ -25,8 +25,10 @@ I64 = np.int64
 Size: TypeAlias = int | Value  # a static extent, or an int64 scalar computed in the graph
 
 # Where onnxruntime has no Where kernel: the dtype the values are cast to, exactly, and back.
-WHERE_VIA = {"bool": "uint8", "int16": "int32", "uint16": "int32", "uint64": "int64",
-             "bfloat16": "float32"}
+WHERE_VIA = {"bool": "uint8", "int16": "int32", "uint16": "int32", "uint64": "int64"}
+# Where onnxruntime has no Where kernel and no exact Cast detour (a float32 Where, then
+# bfloat16 again, quiets NaN payloads): selected by moving every element with Gather.
+WHERE_BY_GATHER = {"bfloat16"}
 # From opset 26 (BitCast) float values are selected as their bits.
 BITS_OF = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
 BITCAST_OPSET = 26
@@ -124,7 +126,35 @@ def where(g: Emitter, c: Value, x: Value, y: Value, dtype: Any) -> Value:
     if dt.name in WHERE_VIA:
         via = np.dtype(WHERE_VIA[dt.name])
         return _cast(g, where(g, c, _cast(g, x, via), _cast(g, y, via), via), dt)
+    if dt.name in WHERE_BY_GATHER:
+        return _where_by_gather(g, c, x, y)
     return g.op("Where", c, x, y)
+
+
+def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
+    """(v's element count, each element's flat position + start, in v's shape)."""
+    size = _size(g, v)
+    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
+    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
+
+
+def _where_by_gather(g: Emitter, c: Value, x: Value, y: Value) -> Value:
+    """Where(c, x, y) that only copies: x and y end to end, and one Gather at positions
+    chosen by an int64 Where (which broadcasts the three as Where does)."""
+    size, px = _positions(g, x)
+    _, py = _positions(g, y, size)
+    return g.op("Gather", _flat_concat(g, x, y), g.op("Where", c, px, py), axis=0)
+
+
+def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
+    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
+                axis=0)
+
+
+def _like(g: Emitter, v: Value, ref: Value) -> Value:
+    """v in ref's element type: jax2onnx's enable_double_precision makes float tensors
+    float64 but may leave a float32 literal as it is."""
+    return v if g.dtype(v) == g.dtype(ref) else _cast(g, v, g.dtype(ref))
 
 
 def _covered(avals: Sequence[Any], dims: Sequence[Sequence[int]],
@@ -142,7 +172,7 @@ def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
     _check_dtype("select", out.dtype)
     out_shape, dims = params["out_shape"], params["dims"]
     c, x, y = (_align(g, v, d, len(out_shape)) for v, d in zip(g.inputs(), dims))
-    res = where(g, c, x, y, out.dtype)
+    res = where(g, c, x, _like(g, y, x), g.dtype(x))
     if not _covered(avals, dims, out_shape):
         if not all(_static(n) for n in out_shape):
             raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic result "
@@ -225,6 +255,7 @@ def gather(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
     pad row or a padding column points at its pad value."""
     _check_dtype("gather", out.dtype)
     src, offsets, index, num, pad = g.inputs()
+    pad = _like(g, pad, src)
     dim, nb, row_len = params["dim"], params["nbatch"], params["row_len"]
     check_bounds = bool(params["check_bounds"])
     sa, ia = avals[0], avals[2]
@@ -253,25 +284,26 @@ def _prod(g: Emitter, sizes: Sequence[Size]) -> Size:
     return total
 
 
+def _size(g: Emitter, v: Value) -> Value:
+    """The element count of v (onnxruntime's Size has no bfloat16 kernel)."""
+    return g.op("ReduceProd", g.op("Shape", v), keepdims=0)
+
+
 def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
                   extra: int) -> Value:
     """Every result element from `rows` (shape (batch..., n, *mid, last): `lead` dims
     before the `tail` ones of a row) or from `pad` (one value per batch element): one
     Gather from the two end to end, at int64 positions where -1 first marks pad rows and
     the `extra` padding columns."""
-    size = g.op("Size", rows)
-    pos = g.op("Reshape", g.op("Range", _c(g, 0), size, _c(g, 1)), g.op("Shape", rows))
+    size, pos = _positions(g, rows)
     if extra:
         pads = [0] * (2 * (lead + tail) - 1) + [extra]
         pos = g.op("Pad", pos, _c(g, pads), _c(g, -1))
     pos = g.op("Where", _unsqueeze(g, valid, list(range(-tail, 0))), pos, _c(g, -1))
-    pad_pos = g.op("Reshape", g.op("Range", size, g.op("Add", size, g.op("Size", pad)),
-                                   _c(g, 1)), g.op("Shape", pad))
+    _, pad_pos = _positions(g, pad, size)
     pad_pos = _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0)))
     pos = g.op("Where", g.op("Less", pos, _c(g, 0)), pad_pos, pos)
-    table = g.op("Concat", g.op("Reshape", rows, _c(g, [-1])), g.op("Reshape", pad, _c(g, [-1])),
-                 axis=0)
-    return g.op("Gather", table, pos, axis=0)
+    return g.op("Gather", _flat_concat(g, rows, pad), pos, axis=0)
 
 
 # --- scatter-add (gather's gradient) ---------------------------------------------------
@@ -298,8 +330,9 @@ def scatter_add(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any],
     if 0 in src_shape + out_bshape:
         raise Unsupported(f"jax_ext.onnx: a scatter-add into the empty shape "
                           f"{out_bshape + src_shape} has no ONNX export yet")
-    acc = _acc_dtype(out.dtype)
-    upd = _cast(g, ct, acc) if acc != np.dtype(out.dtype) else ct
+    dt = g.dtype(ct)
+    acc = _acc_dtype(dt)
+    upd = _cast(g, ct, acc) if acc != dt else ct
     last, row_len = src_shape[-1], avals[0].shape[-1]
     if row_len != last:
         upd = g.op("Slice", upd, _c(g, [0]), _c(g, [last]), _c(g, [-1]))
@@ -323,4 +356,4 @@ def scatter_add(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any],
                   g.op("Reshape", upd, _c(g, [-1] + row_shape)), reduction="add")
     summed = g.op("Slice", summed, _c(g, [0]), _c(g, [total]), _c(g, [0]))
     res = g.op("Reshape", summed, _c(g, list(out_bshape + src_shape)))
-    return _cast(g, res, out.dtype) if acc != np.dtype(out.dtype) else res
+    return _cast(g, res, dt) if acc != dt else res

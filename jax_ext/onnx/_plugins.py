@@ -97,10 +97,17 @@ class Emitter:
         return [self._ctx.get_value_for_var(v, name_hint=self._ctx.fresh_name("jax_ext_in"))
                 for v in self._eqn.invars]
 
+    @staticmethod
+    def dtype(value: Value) -> np.dtype[Any]:
+        """The numpy dtype of a value. Not always the aval's: under jax2onnx's
+        ``enable_double_precision`` every float tensor is float64."""
+        dt: np.dtype[Any] = np.dtype(value.dtype.numpy())
+        return dt
+
     def bind(self, value: Value, aval: Any) -> None:
-        """Make `value` the equation's result, typed and shaped as its aval (symbolic
-        dims by name)."""
-        value.type = ir.TensorType(ir.DataType.from_numpy(np.dtype(aval.dtype)))
+        """Make `value` the equation's result, shaped as its aval (symbolic dims by name)."""
+        if value.type is None:
+            value.type = ir.TensorType(ir.DataType.from_numpy(np.dtype(aval.dtype)))
         value.shape = ir.Shape([d if isinstance(d, (int, np.integer)) else str(d)
                                 for d in aval.shape])
         self._ctx.bind_value_for_var(self._eqn.outvars[0], value)
