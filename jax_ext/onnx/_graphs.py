@@ -6,10 +6,10 @@ allow it: rows move by ``Gather`` (a copy in every runtime tried), and every dec
 (in range, before ``num_indices``, a padding column) is integer arithmetic on int64
 indices, so no float value passes through arithmetic. ``Where`` moves values only in the
 select, because that is the select; where onnxruntime has no ``Where`` kernel for a dtype
-(bool, int16, uint16, uint64, bfloat16) the values take an exact detour through a
-``Cast`` to a wider type and back, and from opset 26 on float values are moved as their
-bits (``BitCast``), which onnxruntime's float ``Where`` does not keep (it turns a ``-0.0``
-taken from ``x`` into ``+0.0`` and rewrites float16 NaN payloads).
+the values take an exact detour (bool, int16, uint16, uint64: a ``Cast`` to a wider type
+and back; bfloat16: a ``Gather`` of its elements), and from opset 26 on float values are
+moved as their bits (``BitCast``), which onnxruntime's float ``Where`` does not keep (it
+turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs into ``0x7e00``).
 """
 from __future__ import annotations
 
