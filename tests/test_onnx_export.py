@@ -395,6 +395,20 @@ def test_training_step():
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
+def test_inside_jit_and_scan():
+    """A nested jit, and a lax.scan body (an ONNX Loop subgraph, where constants are nodes)."""
+    take = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)
+    nested = jax.jit(lambda s, i, c: jax_ext.where3(c, take(s, i), -take(s, i)))
+    scanned = lambda s, i: jax.lax.scan(lambda acc, k: (acc + take(s, k[None]).sum(dtype=np.int32), None),
+                                        np.int32(0), i)[0]  # integer sums: exact anywhere
+    src = values(np.random.default_rng(13), (6, 5), np.float32)
+    idx, c = np.array([1, 9, 2], np.int32), np.array([True, False, True])
+    table = np.arange(30, dtype=np.int32).reshape(6, 5)
+    for fn, args in ((nested, (src, idx, c)), (scanned, (table, idx))):
+        (got,), (want,) = round_trip(fn, args)
+        assert_bits_equal(got, want)
+
+
 # --- symbolic batch dimensions ----------------------------------------------------------------
 
 def test_symbolic_batch():
