@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
@@ -24,7 +25,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
           np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 DEFAULT_OPSET, BITCAST_OPSET = 23, _graphs.BITCAST_OPSET
-ONNX_TYPE = {BF16: 16}  # numpy has no bfloat16 of its own: onnxruntime takes its bits
+ONNX_TYPE = {BF16: 16}
+JAX_11 = tuple(map(int, jax.__version__.split(".")[:2])) >= (0, 11)  # numpy has no bfloat16 of its own: onnxruntime takes its bits
 
 
 def export(fn, args, opset=DEFAULT_OPSET):
@@ -347,7 +349,7 @@ def test_pad_value_gradient_is_not_exported_yet():
     def f(s, i, p):
         return jax.grad(lambda p: jax_ext.gather(s, [0], 0, i, pad_value=p).sum())(p)
     args = (np.ones((6, 5), np.float32), np.array([1, -1], np.int32), np.float32(0.5))
-    if tuple(map(int, jax.__version__.split(".")[:2])) >= (0, 11):
+    if JAX_11:
         with pytest.raises(AttributeError, match="ClosedJaxpr"):
             export(f, args)
         return
@@ -395,18 +397,32 @@ def test_training_step():
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
-def test_inside_jit_and_scan():
-    """A nested jit, and a lax.scan body (an ONNX Loop subgraph, where constants are nodes)."""
+def test_inside_scan():
+    """A lax.scan body: an ONNX Loop subgraph, where the constants are nodes."""
+    take = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)
+    scanned = lambda s, i: jax.lax.scan(
+        lambda acc, k: (acc + take(s, k[None]).sum(dtype=np.int32), None), np.int32(0), i)[0]
+    args = (np.arange(30, dtype=np.int32).reshape(6, 5), np.array([1, 9, 2], np.int32))
+    (got,), (want,) = round_trip(scanned, args)  # integer sums: exact anywhere
+    assert_bits_equal(got, want)
+
+
+def test_inside_nested_jit():
+    """A nested jax.jit. jax2onnx 0.17 converts none on jax >= 0.11 (it looks for
+    jax._src.core.ClosedJaxpr), the jnp twin's neither; the docs list it, and this notices
+    when it changes."""
     take = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)
     nested = jax.jit(lambda s, i, c: jax_ext.where3(c, take(s, i), -take(s, i)))
-    scanned = lambda s, i: jax.lax.scan(lambda acc, k: (acc + take(s, k[None]).sum(dtype=np.int32), None),
-                                        np.int32(0), i)[0]  # integer sums: exact anywhere
+    twin = jax.jit(lambda s, i, c: jnp.where(c[:, None], s[i % 6], -s[i % 6]))
     src = values(np.random.default_rng(13), (6, 5), np.float32)
-    idx, c = np.array([1, 9, 2], np.int32), np.array([True, False, True])
-    table = np.arange(30, dtype=np.int32).reshape(6, 5)
-    for fn, args in ((nested, (src, idx, c)), (scanned, (table, idx))):
-        (got,), (want,) = round_trip(fn, args)
-        assert_bits_equal(got, want)
+    args = (src, np.array([1, 9, 2], np.int32), np.array([True, False, True]))
+    if JAX_11:
+        for fn in (nested, twin):
+            with pytest.raises(AttributeError, match="ClosedJaxpr"):
+                export(fn, args)
+        return
+    (got,), (want,) = round_trip(nested, args)
+    assert_bits_equal(got, want)
 
 
 # --- symbolic batch dimensions ----------------------------------------------------------------
