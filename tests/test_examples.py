@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 EXPECTED = {"quickstart", "openvino_onednn_select", "onnx_where", "tensorflow_where3",
-            "ascend_gather", "training_step", "sharding", "export", "data_parallel"}
+            "ascend_gather", "training_step", "sharding", "export", "data_parallel",
+            "onnx_round_trip"}
 # Fragments included into pages (`{include}`), not pages: their blocks run with the page.
 DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md")
                    if "_build" not in p.parts and "_generated" not in p.parts

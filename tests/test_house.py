@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(FFI), reason="needs the source
 
 # Layers, outermost first: a module may import its own layer's modules or lower ones.
 LAYERS = [
-    {"jax_ext", "jax_ext.bench", "jax_ext.bench.*"},
+    {"jax_ext", "jax_ext.bench", "jax_ext.bench.*", "jax_ext.onnx", "jax_ext.onnx.*"},
     {"jax_ext._select", "jax_ext._gather", "jax_ext._scatter_add"},
     {"jax_ext._rows", "jax_ext._lowering", "jax_ext._primitives"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},

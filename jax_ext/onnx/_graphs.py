@@ -1,0 +1,359 @@
+"""The ONNX graphs of jax_ext's three primitives, from standard operators only.
+
+Each function here gets an :class:`~jax_ext.onnx._plugins.Emitter`, the equation's params
+and avals, and returns the result's value. Values move bit for bit where the operators
+allow it: rows move by ``Gather`` (a copy in every runtime tried), and every decision
+(in range, before ``num_indices``, a padding column) is integer arithmetic on int64
+indices, so no float value passes through arithmetic. ``Where`` moves values only in the
+select, because that is the select; where onnxruntime has no ``Where`` kernel for a dtype
+the values take an exact detour (bool, int16, uint16, uint64: a ``Cast`` to a wider type
+and back; bfloat16: a ``Gather`` of its elements), and from opset 26 on float values are
+moved as their bits (``BitCast``), which onnxruntime's float ``Where`` does not keep (it
+turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs into ``0x7e00``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from ._plugins import Emitter, Value, onnx_type, tensor as _tensor
+
+I64 = np.int64
+Size: TypeAlias = int | Value  # a static extent, or an int64 scalar computed in the graph
+
+# Where onnxruntime has no Where kernel: the dtype the values are cast to, exactly, and back.
+WHERE_VIA = {"bool": "uint8", "int16": "int32", "uint16": "int32", "uint64": "int64"}
+# Where onnxruntime has no Where kernel and no exact Cast detour (a float32 Where, then
+# bfloat16 again, quiets NaN payloads): selected by moving every element with Gather.
+WHERE_BY_GATHER = {"bfloat16"}
+# From opset 26 (BitCast) float values are selected as their bits.
+BITS_OF = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
+BITCAST_OPSET = 26
+# Dtypes the exported graphs carry: ONNX and onnxruntime both have them.
+SUPPORTED = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+             "float16", "bfloat16", "float32", "float64"}
+
+
+class Unsupported(NotImplementedError):
+    """A jax_ext call the ONNX export cannot express (the message says what and why)."""
+
+
+def _check_dtype(prim: str, dtype: Any) -> None:
+    name = np.dtype(dtype).name
+    if name not in SUPPORTED:
+        raise Unsupported(f"jax_ext.onnx: {prim} of dtype {name} has no ONNX export (supported: "
+                          f"{', '.join(sorted(SUPPORTED))})")
+
+
+def _static(d: Any) -> bool:
+    return isinstance(d, (int, np.integer))
+
+
+def _is_one(d: Any) -> bool:
+    return _static(d) and int(d) == 1
+
+
+# --- small int64 arithmetic, folded where both sides are static -----------------------
+
+def _c(g: Emitter, v: Any) -> Value:
+    return g.const(np.asarray(v, I64))
+
+
+def _lift(g: Emitter, a: Size) -> Value:
+    return _c(g, a) if isinstance(a, int) else a
+
+
+def _arith(g: Emitter, op: str, a: Size, b: Size) -> Size:
+    unit = {"Add": 0, "Mul": 1}.get(op)
+    if unit is not None and isinstance(a, int) and a == unit:
+        return b
+    if unit is not None and isinstance(b, int) and b == unit:
+        return a
+    if isinstance(a, int) and isinstance(b, int):
+        return {"Add": a + b, "Mul": a * b, "Max": max(a, b), "Min": min(a, b)}[op]
+    return g.op(op, _lift(g, a), _lift(g, b))
+
+
+def _extent(g: Emitter, value: Value, shape: Sequence[Any], axis: int) -> Size:
+    """shape[axis] as an int, or read from `value` when it is symbolic."""
+    if _static(shape[axis]):
+        return int(shape[axis])
+    return g.op("Reshape", g.op("Shape", value, start=axis, end=axis + 1), _c(g, []))
+
+
+def _range(g: Emitter, n: Size) -> Value:
+    if isinstance(n, int):
+        return _c(g, np.arange(n))
+    return g.op("Range", _c(g, 0), n, _c(g, 1))
+
+
+def _cast(g: Emitter, v: Value, dtype: Any) -> Value:
+    return g.op("Cast", v, to=onnx_type(dtype))
+
+
+def _unsqueeze(g: Emitter, v: Value, axes: Sequence[int]) -> Value:
+    return g.op("Unsqueeze", v, _c(g, list(axes))) if axes else v
+
+
+def _tail_shape(g: Emitter, value: Value, shape: Sequence[Any], start: int) -> Value:
+    """[-1, *shape[start:]] as a Reshape target, static where it can be."""
+    if all(_static(d) for d in shape[start:]):
+        return _c(g, [-1] + [int(d) for d in shape[start:]])
+    return g.op("Concat", _c(g, [-1]), g.op("Shape", value, start=start), axis=0)
+
+
+# --- the select -------------------------------------------------------------------
+
+def _align(g: Emitter, v: Value, d: Sequence[int], rank: int) -> Value:
+    """An operand whose dims lie along result dims `d`, as a rank-`rank` tensor that
+    broadcasts to the result as numpy does: dims in result order, 1s where it has none."""
+    order = sorted(range(len(d)), key=lambda j: d[j])
+    if order != list(range(len(d))):
+        v = g.op("Transpose", v, perm=order)
+    return _unsqueeze(g, v, [o for o in range(rank) if o not in d])
+
+
+def where(g: Emitter, c: Value, x: Value, y: Value, dtype: Any) -> Value:
+    """ONNX Where with exact detours for what onnxruntime lacks or rewrites."""
+    dt = np.dtype(dtype)
+    if g.opset >= BITCAST_OPSET and dt.name in BITS_OF:
+        bits = np.dtype(BITS_OF[dt.name])
+        xb, yb = (g.op("BitCast", a, to=onnx_type(bits)) for a in (x, y))
+        return g.op("BitCast", where(g, c, xb, yb, bits), to=onnx_type(dt))
+    if dt.name in WHERE_VIA:
+        via = np.dtype(WHERE_VIA[dt.name])
+        return _cast(g, where(g, c, _cast(g, x, via), _cast(g, y, via), via), dt)
+    if dt.name in WHERE_BY_GATHER:
+        return _where_by_gather(g, c, x, y)
+    return g.op("Where", c, x, y)
+
+
+def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
+    """(v's element count, each element's flat position + start, in v's shape)."""
+    size = _size(g, v)
+    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
+    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
+
+
+def _where_by_gather(g: Emitter, c: Value, x: Value, y: Value) -> Value:
+    """Where(c, x, y) that only copies: x and y end to end, and one Gather at positions
+    chosen by an int64 Where (which broadcasts the three as Where does)."""
+    size, px = _positions(g, x)
+    _, py = _positions(g, y, size)
+    return g.op("Gather", _flat_concat(g, x, y), g.op("Where", c, px, py), axis=0)
+
+
+def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
+    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
+                axis=0)
+
+
+def _like(g: Emitter, v: Value, ref: Value) -> Value:
+    """v in ref's element type: jax2onnx's enable_double_precision makes float tensors
+    float64 but may leave a float32 literal as it is."""
+    return v if g.dtype(v) == g.dtype(ref) else _cast(g, v, g.dtype(ref))
+
+
+def _covered(avals: Sequence[Any], dims: Sequence[Sequence[int]],
+             out_shape: Sequence[Any]) -> bool:
+    """Whether the operands' own extents make up the whole result shape (else the
+    primitive broadcasts a dim no operand has, as a JVP's zero tangent does)."""
+    return all(_is_one(n) or any(o2 == o and not _is_one(a.shape[j])
+                                 for a, d in zip(avals, dims) for j, o2 in enumerate(d))
+               for o, n in enumerate(out_shape))
+
+
+def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
+    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze), one
+    Where, and an Expand where no operand spans a result dim."""
+    _check_dtype("select", out.dtype)
+    out_shape, dims = params["out_shape"], params["dims"]
+    c, x, y = (_align(g, v, d, len(out_shape)) for v, d in zip(g.inputs(), dims))
+    res = where(g, c, x, _like(g, y, x), g.dtype(x))
+    if not _covered(avals, dims, out_shape):
+        if not all(_static(n) for n in out_shape):
+            raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic result "
+                              f"dim {tuple(out_shape)} has no ONNX export yet")
+        res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
+    return res
+
+
+# --- rows: which are real, and where they are (gather and scatter-add) ------------------
+
+def _rows(g: Emitter, offsets: Value, index: Value, num: Value, n: Size,
+          sdims: Sequence[Size], dim: int, check_bounds: bool) -> tuple[Value | bool, Value]:
+    """(valid, row) for every (batch..., i), as jax_ext's kernels compute them: `row` the
+    flat row of one src seen as (prod(sdims), ...), clamped into range; `valid` False for
+    pad rows (out of range under check_bounds, at or after num_indices). int64 throughout;
+    offsets[dim] + index[i] must not overflow it."""
+    o = _cast(g, offsets, I64)
+    ok: Value | bool = True
+    p: Size = 0
+
+    def off(k: int) -> Value:  # offsets[..., k], keeping a unit dim for the index axis
+        return g.op("Slice", o, _c(g, [k]), _c(g, [k + 1]), _c(g, [-1]))
+
+    for k in range(dim):
+        s, ok_k = sdims[k], off(k)
+        inr = _and(g, g.op("GreaterOrEqual", ok_k, _c(g, 0)), g.op("Less", ok_k, _lift(g, s)))
+        ok = _and(g, ok, inr if check_bounds else _positive(g, s))
+        p = _arith(g, "Add", _arith(g, "Mul", p, s), _clamp(g, ok_k, s))
+    R = sdims[dim]
+    r = g.op("Add", off(dim), _cast(g, index, I64))
+    live = g.op("Less", _range(g, n), _unsqueeze(g, _cast(g, num, I64), [-1]))
+    if check_bounds:
+        inr = _and(g, g.op("GreaterOrEqual", r, _c(g, 0)), g.op("Less", r, _lift(g, R)))
+        valid = _and(g, _and(g, ok, inr), live)
+    else:
+        valid = _and(g, _and(g, ok, live), _positive(g, R))
+    row = _arith(g, "Add", _arith(g, "Mul", p, R), _clamp(g, r, R))
+    assert not isinstance(row, int)
+    return valid, row
+
+
+def _and(g: Emitter, a: Value | bool, b: Value | bool) -> Value | bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        if a is False or b is False:
+            return False
+        return b if a is True else a
+    return g.op("And", a, b)
+
+
+def _positive(g: Emitter, s: Size) -> Value | bool:
+    return s > 0 if isinstance(s, int) else g.op("Greater", s, _c(g, 0))
+
+
+def _clamp(g: Emitter, v: Value, s: Size) -> Value:
+    """v clamped into [0, s - 1] (0 when s is 0)."""
+    top = max(s - 1, 0) if isinstance(s, int) else g.op("Max", g.op("Sub", s, _c(g, 1)),
+                                                        _c(g, 0))
+    return g.op("Min", g.op("Max", v, _c(g, 0)), _lift(g, top))
+
+
+def _batch_offset(g: Emitter, bshape: Sequence[Size], full: Sequence[int], per: Size,
+                  rank: int) -> Size:
+    """The first flat row of each batch element of an operand that is full along the
+    batch dims `full` (of extents bshape) and holds `per` rows per element, as a
+    rank-`rank` tensor (0 when it is full along none)."""
+    total: Size = 0
+    stride = per
+    for j in reversed(full):
+        a = _unsqueeze(g, _range(g, bshape[j]), [k for k in range(rank) if k != j])
+        total = _arith(g, "Add", total, g.op("Mul", a, _lift(g, stride)))
+        stride = _arith(g, "Mul", stride, bshape[j])
+    return total
+
+
+# --- gather -----------------------------------------------------------------------
+
+def gather(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
+    """jax_ext_gather: a Gather of the (clamped) rows from src, then a second Gather of
+    every result element from those rows and the pad values, at int64 positions where a
+    pad row or a padding column points at its pad value."""
+    _check_dtype("gather", out.dtype)
+    src, offsets, index, num, pad = g.inputs()
+    pad = _like(g, pad, src)
+    dim, nb, row_len = params["dim"], params["nbatch"], params["row_len"]
+    check_bounds = bool(params["check_bounds"])
+    sa, ia = avals[0], avals[2]
+    sshape = sa.shape[nb:]
+    if any(_static(d) and int(d) == 0 for d in sa.shape):
+        raise Unsupported(f"jax_ext.onnx: gather from an empty src {tuple(sa.shape)} has no "
+                          "ONNX export yet")
+    sdims = [_extent(g, src, sa.shape, nb + k) for k in range(dim + 1)]
+    n = _extent(g, index, ia.shape, nb)
+    valid, row = _rows(g, offsets, index, num, n, sdims, dim, check_bounds)
+    full = [j for j in range(nb) if not _is_one(sa.shape[j])]
+    bext = [_extent(g, src, sa.shape, j) for j in range(nb)]
+    per = math.prod(sdims) if all(isinstance(s, int) for s in sdims) else _prod(g, sdims)
+    row = _arith(g, "Add", row, _batch_offset(g, bext, full, per, nb + 1))
+    assert not isinstance(row, int) and not isinstance(valid, bool)  # src is not empty
+    rows = g.op("Gather", g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1)),
+                row, axis=0)
+    return _pad_elements(g, rows, pad, valid, nb + 1, len(sshape) - dim - 1,
+                         row_len - sshape[-1])
+
+
+def _prod(g: Emitter, sizes: Sequence[Size]) -> Size:
+    total: Size = 1
+    for s in sizes:
+        total = _arith(g, "Mul", total, s)
+    return total
+
+
+def _size(g: Emitter, v: Value) -> Value:
+    """The element count of v (onnxruntime's Size has no bfloat16 kernel)."""
+    return g.op("ReduceProd", g.op("Shape", v), keepdims=0)
+
+
+def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
+                  extra: int) -> Value:
+    """Every result element from `rows` (shape (batch..., n, *mid, last): `lead` dims
+    before the `tail` ones of a row) or from `pad` (one value per batch element): one
+    Gather from the two end to end, at int64 positions where -1 first marks pad rows and
+    the `extra` padding columns."""
+    size, pos = _positions(g, rows)
+    if extra:
+        pads = [0] * (2 * (lead + tail) - 1) + [extra]
+        pos = g.op("Pad", pos, _c(g, pads), _c(g, -1))
+    pos = g.op("Where", _unsqueeze(g, valid, list(range(-tail, 0))), pos, _c(g, -1))
+    _, pad_pos = _positions(g, pad, size)
+    pad_pos = _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0)))
+    pos = g.op("Where", g.op("Less", pos, _c(g, 0)), pad_pos, pos)
+    return g.op("Gather", _flat_concat(g, rows, pad), pos, axis=0)
+
+
+# --- scatter-add (gather's gradient) ---------------------------------------------------
+
+def _acc_dtype(dtype: Any) -> np.dtype[Any]:
+    """float16 and bfloat16 accumulate in float32 and round once, as jax_ext's kernels."""
+    dt = np.dtype(dtype)
+    return np.dtype(np.float32) if dt.name in ("float16", "bfloat16") else dt
+
+
+def scatter_add(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any],
+                out: Any) -> Value:
+    """jax_ext_scatter_add: one ScatterND(reduction="add") of the cotangent rows (padding
+    columns sliced off) into zeros with one spare row, where pad rows land and which is
+    dropped after."""
+    _check_dtype("scatter_add", out.dtype)
+    ct, offsets, index, num = g.inputs()
+    dim, nb = params["dim"], params["nbatch"]
+    src_shape, out_bshape = tuple(params["src_shape"]), tuple(params["out_bshape"])
+    if not all(_static(d) for d in src_shape + out_bshape):
+        raise Unsupported(f"jax_ext.onnx: a scatter-add into the symbolic shape "
+                          f"{out_bshape + src_shape} has no ONNX export yet")
+    src_shape, out_bshape = tuple(map(int, src_shape)), tuple(map(int, out_bshape))
+    if 0 in src_shape + out_bshape:
+        raise Unsupported(f"jax_ext.onnx: a scatter-add into the empty shape "
+                          f"{out_bshape + src_shape} has no ONNX export yet")
+    dt = g.dtype(ct)
+    acc = _acc_dtype(dt)
+    upd = _cast(g, ct, acc) if acc != dt else ct
+    last, row_len = src_shape[-1], avals[0].shape[-1]
+    if row_len != last:
+        upd = g.op("Slice", upd, _c(g, [0]), _c(g, [last]), _c(g, [-1]))
+    n = _extent(g, index, avals[2].shape, nb)
+    valid, row = _rows(g, offsets, index, num, n, list(src_shape[:dim + 1]), dim, bool(
+        params["check_bounds"]))
+    per = math.prod(src_shape[:dim + 1])
+    total = per * math.prod(out_bshape)
+    full = [j for j in range(nb) if out_bshape[j] != 1]
+    row = _arith(g, "Add", row, _batch_offset(g, list(out_bshape), full, per, nb + 1))
+    assert not isinstance(row, int) and not isinstance(valid, bool)  # src is not empty
+    target = g.op("Where", valid, row, _c(g, total))
+    # Both to the full batch shape (each may be broadcast where the other is not).
+    target = g.op("Expand", target, g.op("Shape", upd, end=nb + 1))
+    upd = g.op("Expand", upd, g.op("Concat", g.op("Shape", target), g.op(
+        "Shape", upd, start=nb + 1), axis=0))
+    row_shape = list(src_shape[dim + 1:])
+    zeros = g.op("ConstantOfShape", _c(g, [total + 1] + row_shape),
+                 value=_tensor(np.zeros(1, acc)))
+    summed = g.op("ScatterND", zeros, g.op("Reshape", target, _c(g, [-1, 1])),
+                  g.op("Reshape", upd, _c(g, [-1] + row_shape)), reduction="add")
+    summed = g.op("Slice", summed, _c(g, [0]), _c(g, [total]), _c(g, [0]))
+    res = g.op("Reshape", summed, _c(g, list(out_bshape + src_shape)))
+    return _cast(g, res, dt) if acc != dt else res

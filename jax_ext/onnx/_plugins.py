@@ -1,0 +1,161 @@
+"""The one module that touches jax2onnx's plugin interface (and onnx_ir, the graph library
+its plugins build with). Its plugin API is young: everything jax_ext uses of it is named in
+``INTERFACE`` and checked by :func:`interface_problems`, so a jax2onnx release that moves a
+piece fails one test loudly instead of failing a user's export obscurely.
+
+The graphs themselves are built in ``_graphs.py`` against :class:`Emitter`, which hides
+jax2onnx's lowering context behind four calls (``op``, ``const``, ``inputs``, ``bind``).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import onnx_ir as ir
+from jax2onnx.plugins import plugin_system
+
+# The jax2onnx releases the tests cover (the `onnx` extra pins the same range).
+TESTED = ((0, 17), (0, 18))  # >= 0.17, < 0.18
+
+# (module, attribute, the parameters jax_ext passes or reads) for every piece it uses.
+INTERFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("jax2onnx", "to_onnx", ("fn", "inputs", "opset", "enable_double_precision")),
+    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin", ()),
+    ("jax2onnx.plugins.plugin_system", "register_primitive", ()),
+    ("jax2onnx.plugins.plugin_system", "PLUGIN_REGISTRY", ()),
+    ("jax2onnx.converter.ir_context", "IRContext",
+     ("get_value_for_var", "bind_value_for_var", "fresh_name", "builder", "opset")),
+    ("onnx_ir", "tensor", ()),
+    ("onnx_ir", "DataType", ()),
+    ("onnx_ir", "TensorType", ()),
+    ("onnx_ir", "Shape", ()),
+)
+
+# An onnx_ir value (opaque to the graphs' code; typed Any, as the extra may be absent).
+Value: TypeAlias = Any
+Lowering = Callable[["Emitter", Mapping[str, Any], Sequence[Any], Any], Value]
+
+
+def interface_problems() -> list[str]:
+    """What of ``INTERFACE`` the installed jax2onnx lacks, as readable lines (empty: all
+    there). A parameter of a function counts as present when its signature names it, an
+    attribute of a class when the class has it or its ``__init__`` sets it."""
+    problems = []
+    for module, attr, names in INTERFACE:
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{module}.{attr}: {e}")
+            continue
+        if inspect.isclass(obj):  # its attributes, and those its __init__ sets
+            init = inspect.getsource(obj.__init__)
+            have = set(dir(obj)) | {n for n in names if re.search(rf"self\.{n}\s*[:=]", init)}
+        elif callable(obj):
+            have = set(inspect.signature(obj).parameters)
+        else:
+            have = set()
+        problems += [f"{module}.{attr} has no {n}" for n in names if n not in have]
+    return problems
+
+
+def version() -> tuple[int, ...]:
+    """The installed jax2onnx's version as numbers."""
+    v = importlib.metadata.version("jax2onnx")
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
+class Emitter:
+    """Builds the ONNX nodes of one jaxpr equation through jax2onnx's lowering context."""
+
+    def __init__(self, ctx: Any, eqn: Any) -> None:
+        self._ctx, self._eqn = ctx, eqn
+        self.opset: int = int(ctx.builder.opset)
+
+    def op(self, op_type: str, *inputs: Value, **attrs: Any) -> Value:
+        """One standard ONNX node with one output."""
+        name = self._ctx.fresh_name(f"jax_ext_{op_type.lower()}")
+        out: Value = getattr(self._ctx.builder, op_type)(*inputs, _outputs=[name], **attrs)
+        dtype = _out_dtype(op_type, inputs, attrs)
+        if dtype is not None:
+            out.type = ir.TensorType(dtype)
+        return out
+
+    def const(self, array: np.ndarray[Any, Any]) -> Value:
+        """A constant tensor (a Constant node, so it also works inside ONNX functions)."""
+        a = np.asarray(array)
+        out = self.op("Constant", value=tensor(a))
+        out.type = ir.TensorType(ir.DataType.from_numpy(a.dtype))
+        out.shape = ir.Shape(a.shape)
+        return out
+
+    def inputs(self) -> list[Value]:
+        return [self._ctx.get_value_for_var(v, name_hint=self._ctx.fresh_name("jax_ext_in"))
+                for v in self._eqn.invars]
+
+    @staticmethod
+    def dtype(value: Value) -> np.dtype[Any]:
+        """The numpy dtype of a value. Not always the aval's: under jax2onnx's
+        ``enable_double_precision`` every float tensor is float64."""
+        dt: np.dtype[Any] = np.dtype(value.dtype.numpy())
+        return dt
+
+    def bind(self, value: Value, aval: Any) -> None:
+        """Make `value` the equation's result, shaped as its aval (symbolic dims by name)."""
+        if value.type is None:
+            value.type = ir.TensorType(ir.DataType.from_numpy(np.dtype(aval.dtype)))
+        value.shape = ir.Shape([d if isinstance(d, (int, np.integer)) else str(d)
+                                for d in aval.shape])
+        self._ctx.bind_value_for_var(self._eqn.outvars[0], value)
+
+
+_BOOL_OPS = {"Less", "Greater", "GreaterOrEqual", "LessOrEqual", "Equal", "And", "Or", "Not"}
+
+
+def _out_dtype(op_type: str, inputs: Sequence[Value], attrs: Mapping[str, Any]) -> Any:
+    """The element type of an op's output (the graph's values carry their types, as
+    jax2onnx's own nodes do), where it follows from the op and its inputs."""
+    if op_type in ("Cast", "BitCast"):
+        return ir.DataType(attrs["to"])
+    if op_type in _BOOL_OPS:
+        return ir.DataType.BOOL
+    if op_type in ("Shape", "Size"):
+        return ir.DataType.INT64
+    if op_type == "ConstantOfShape":
+        return attrs["value"].dtype
+    source = inputs[1] if op_type == "Where" else inputs[0] if inputs else None
+    return getattr(source, "dtype", None)
+
+
+def tensor(array: Any) -> Any:
+    """An ONNX tensor (for a node attribute) holding `array`."""
+    return ir.tensor(np.asarray(array))
+
+
+def onnx_type(dtype: Any) -> int:
+    """The ONNX TensorProto type number of a numpy/ml_dtypes dtype."""
+    return int(ir.DataType.from_numpy(np.dtype(dtype)).value)
+
+
+def register(primitive: str, onnx_ops: Sequence[str], lower: Lowering) -> None:
+    """Teach jax2onnx to convert `primitive` with `lower`."""
+    def lower_eqn(self: Any, ctx: Any, eqn: Any) -> None:
+        g = Emitter(ctx, eqn)
+        aval = eqn.outvars[0].aval
+        g.bind(lower(g, eqn.params, [v.aval for v in eqn.invars], aval), aval)
+
+    plugin = type(f"JaxExt_{primitive}_Plugin", (plugin_system.PrimitiveLeafPlugin,),
+                  {"lower": lower_eqn})
+    plugin_system.register_primitive(
+        jaxpr_primitive=primitive, context="primitives.jax_ext", component=primitive,
+        onnx=[{"component": o, "doc": f"https://onnx.ai/onnx/operators/onnx__{o}.html"}
+              for o in onnx_ops], since="jax_ext", testcases=[])(plugin)
+
+
+def registered(primitive: str) -> bool:
+    """Whether jax2onnx has a plugin for `primitive`."""
+    return primitive in plugin_system.PLUGIN_REGISTRY

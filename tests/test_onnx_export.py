@@ -1,0 +1,490 @@
+"""Export to ONNX (jax_ext.onnx + jax2onnx): every program of the matrix converts to standard
+ONNX, onnxruntime runs it, and its outputs equal jax_ext's own results (and numpy's) bit for
+bit; a smaller set runs in OpenVINO. Where onnxruntime itself rewrites bits (its float
+``Where`` below opset 26), the case is named and the difference asserted to be exactly that,
+so the test notices when it changes. The packages come with the ``test`` extra."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import openvino as ov
+import pytest
+from jax2onnx import to_onnx
+
+import jax_ext
+import jax_ext.onnx
+from jax_ext.onnx import _graphs, _plugins
+from references import assert_bits_equal, np_select, random_values, ref_gather, special_values
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+          np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+DEFAULT_OPSET, BITCAST_OPSET = 23, _graphs.BITCAST_OPSET
+ONNX_TYPE = {BF16: 16}
+JAX_11 = tuple(map(int, jax.__version__.split(".")[:2])) >= (0, 11)  # numpy has no bfloat16 of its own: onnxruntime takes its bits
+
+
+def export(fn, args, opset=DEFAULT_OPSET):
+    """fn converted by jax2onnx. Its enable_double_precision keeps 64-bit inputs 64-bit (else
+    int64 becomes int32) but makes every float float64, so it is on only for programs with
+    64-bit inputs (and none of float32)."""
+    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args]
+    wide = any(np.asarray(a).dtype.itemsize == 8 for a in args)
+    return to_onnx(fn, specs, opset=opset, enable_double_precision=wide)
+
+
+def _ortvalue(a):
+    a = np.require(a, requirements="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
+    if a.dtype in ONNX_TYPE:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), ONNX_TYPE[a.dtype])
+    return ort.OrtValue.ortvalue_from_numpy(a)
+
+
+def run_ort(model, args, like):
+    """onnxruntime's outputs, written into numpy buffers shaped and typed as `like`."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    io = sess.io_binding()
+    for spec, a in zip(sess.get_inputs(), args):
+        io.bind_ortvalue_input(spec.name, _ortvalue(np.asarray(a)))
+    outs = [np.empty(np.shape(w), np.asarray(w).dtype) for w in like]
+    for spec, buf in zip(sess.get_outputs(), outs):
+        io.bind_ortvalue_output(spec.name, _ortvalue(buf))
+    sess.run_with_iobinding(io)
+    return outs
+
+
+def run_openvino(model, args):
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU")
+    res = compiled(list(map(np.asarray, args)))
+    return [res[o] for o in compiled.outputs]
+
+
+def jax_results(fn, args):
+    out = jax.jit(fn)(*args)
+    return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def round_trip(fn, args, opset=DEFAULT_OPSET):
+    """(onnxruntime's outputs, jax_ext's) for fn on args."""
+    want = jax_results(fn, args)
+    return run_ort(export(fn, args, opset), args, want), want
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype != np.bool_ else a
+
+
+# --- onnxruntime's own rewrites, named -------------------------------------------------
+
+def ort_where_rewrites(dtype, opset):
+    """What onnxruntime's Where does to values it moves (seen with onnxruntime 1.32): from
+    x, a -0.0 comes out +0.0 (float16, float32, float64), and every float16 NaN comes out
+    as 0x7e00, from either side. bfloat16 has no Where there, and jax_ext moves it by
+    Gather; from opset 26 jax_ext selects float bits as integers: no rewrite."""
+    name = np.dtype(dtype).name
+    if opset >= BITCAST_OPSET or name not in ("float16", "float32", "float64"):
+        return set()
+    return {"-0.0 from x"} | ({"float16 NaN"} if name == "float16" else set())
+
+
+def classify(got, want, from_x):
+    """The kind of every element where got's bits differ from want's."""
+    g, w = _bits(got), _bits(want)
+    kinds = set()
+    for k in zip(*np.nonzero(g != w)):
+        gv, wv = np.asarray(got)[k], np.asarray(want)[k]
+        if wv == 0 and np.signbit(wv) and not np.signbit(gv) and gv == 0 and from_x[k]:
+            kinds.add("-0.0 from x")
+        elif np.asarray(want).dtype == np.float16 and np.isnan(wv) and np.isnan(gv):
+            kinds.add("float16 NaN")
+        else:
+            kinds.add(f"other: got {g[k]:#x}, want {w[k]:#x}")
+    return kinds
+
+
+def values(rng, shape, dtype):
+    """Random bits with the special values (-0.0, inf, NaN payloads) in the first row."""
+    v = random_values(rng, shape, dtype)
+    sp = special_values(dtype, v[0].size) if v.ndim else None
+    if sp is not None:
+        v[0] = sp.reshape(v[0].shape)
+    return v
+
+
+# --- the interface jax_ext uses, and the optional dependency --------------------------------
+
+def test_jax2onnx_interface_is_there():
+    """Every piece of jax2onnx's plugin interface that jax_ext.onnx uses still exists, and
+    the installed jax2onnx is in the range the extra pins."""
+    assert jax_ext.onnx.interface_problems() == []
+    lo, hi = _plugins.TESTED
+    assert lo <= _plugins.version()[:2] < hi
+    assert all(_plugins.registered(p) for p in jax_ext.onnx.PRIMITIVES)
+    assert set(jax_ext.onnx.PRIMITIVES) == {"jax_ext_select", "jax_ext_gather",
+                                            "jax_ext_scatter_add"}
+
+
+def test_interface_check_reports_what_moved(monkeypatch):
+    monkeypatch.setattr(_plugins, "INTERFACE", _plugins.INTERFACE + (
+        ("jax2onnx.plugins.plugin_system", "NoSuchThing", ()),
+        ("jax2onnx", "to_onnx", ("no_such_parameter",))))
+    problems = jax_ext.onnx.interface_problems()
+    assert len(problems) == 2 and "NoSuchThing" in problems[0]
+    assert "no_such_parameter" in problems[1]
+
+
+def test_import_jax_ext_does_not_import_jax2onnx():
+    code = "import sys, jax_ext; assert 'jax2onnx' not in sys.modules and 'onnx' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- select: every dtype ------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [DEFAULT_OPSET, BITCAST_OPSET])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_where_every_dtype(dtype, opset):
+    """Where with broadcast operands and special values; onnxruntime's float rewrites
+    below opset 26 are asserted to be exactly the named ones."""
+    rng = np.random.default_rng(7)
+    c = rng.integers(0, 2, (6, 10)).astype(bool)
+    c[0, :5] = True
+    x, y = values(rng, (6, 10), dtype), values(rng, (1, 10), dtype)
+    x[0, 5:] = y[0, 5:]  # both sides carry the special values
+    fn = lambda c, x, y: jax_ext.where(c, x, y)
+    (got,), (want,) = round_trip(fn, (c, x, y), opset)
+    assert_bits_equal(want, np_select(c, x, y, (6, 10)))
+    expected = ort_where_rewrites(dtype, opset)
+    if not expected:
+        assert_bits_equal(got, want)
+        return
+    assert classify(got, want, np.broadcast_to(c, (6, 10))) == expected
+
+
+def test_float_where_cases_still_rewritten_below_opset_26():
+    """The named rewrites, each on its own: if onnxruntime stops making one, this fails and
+    the docs' table needs updating."""
+    c = np.array([True, False])
+    for dt in (np.float16, np.float32, np.float64):
+        x = np.array([-0.0, 1.0], dt)
+        (got,), _ = round_trip(lambda c, x, y: jax_ext.where(c, x, y), (c, x, x[::-1].copy()))
+        assert not np.signbit(got[0]), dt
+    nan = np.array([0x7C01, 0x7E01], np.uint16).view(np.float16)
+    (got,), _ = round_trip(lambda c, x, y: jax_ext.where(c, x, y), (c, nan, nan[::-1].copy()))
+    assert _bits(got).tolist() == [0x7E00, 0x7E00]  # from x and from y: the payload is lost
+
+
+# --- select: broadcast patterns, front-ends, vmap --------------------------------------------
+
+SELECT_CASES = {
+    "select_oneway_cond": (lambda c, x, y: jax_ext.select(c, x, y), [(3, 1, 5), (2, 3, 4, 5), (4, 5)]),
+    "select_scalar_else": (lambda c, x, y: jax_ext.select(c, x, y), [(4, 5), (4, 5), ()]),
+    "select_none": (lambda c, x, y: jax_ext.select(c, x, y, auto_broadcast="none"), [(2, 3), (2, 3), (2, 3)]),
+    "where_cond_enlarges": (lambda c, x, y: jax_ext.where(c, x, y), [(2, 1, 4), (3, 1), (1, 4)]),
+    "where_0d": (lambda c, x, y: jax_ext.where(c, x, y), [(), (), ()]),
+    "where3_rows": (lambda c, x, y: jax_ext.where3(c, x, y), [(3,), (3, 4, 2), (3, 4, 2)]),
+    "where3_scalar": (lambda c, x, y: jax_ext.where3(c, x, y), [(), (3, 4), (3, 4)]),
+    "vmap_where3_rows": (jax.vmap(lambda c, x, y: jax_ext.where3(c, x, y), in_axes=(1, 0, None)), [(3, 2), (2, 3, 4), (3, 4)]),
+    "vmap_select_axes": (jax.vmap(lambda c, x, y: jax_ext.select(c, x, y), in_axes=(None, 2, 0), out_axes=1), [(4,), (3, 4, 5), (5, 3, 4)]),
+    "vmap_nested": (jax.vmap(jax.vmap(lambda c, x, y: jax_ext.where(c, x, y), in_axes=(0, None, 0)), in_axes=(None, 0, 1)), [(3, 4), (2, 4), (3, 2, 4)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", SELECT_CASES)
+def test_select_patterns(case, dtype):
+    fn, shapes = SELECT_CASES[case]
+    rng = np.random.default_rng(3)
+    c = rng.integers(0, 2, shapes[0]).astype(bool)
+    x, y = (values(rng, s, dtype) for s in shapes[1:])
+    (got,), (want,) = round_trip(fn, (c, x, y), BITCAST_OPSET)
+    assert_bits_equal(got, want)
+
+
+def test_select_grad_and_jvp():
+    """The JVP's zero tangents (broadcast along dims no operand spans: an Expand) and the
+    transpose's sums, in one exported gradient."""
+    def f(c, x, y):
+        return jax.grad(lambda x, y: (jax_ext.where(c, x * 3.0, y) ** 2).sum(), (0, 1))(x, y)
+    rng = np.random.default_rng(0)
+    args = (rng.integers(0, 2, (1, 8)).astype(bool), rng.normal(size=(4, 8)).astype(np.float32),
+            rng.normal(size=(1, 8)).astype(np.float32))
+    got, want = round_trip(f, args)
+    for g, w in zip(got, want):
+        assert_bits_equal(g, w)
+    jvp = lambda c, x, y: jax.jvp(lambda y: jax_ext.where(c, x, y), (y,), (y * 2,))[1]
+    (got,), (want,) = round_trip(jvp, args)
+    assert_bits_equal(got, want)
+
+
+# --- gather ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gather_every_dtype(dtype):
+    """Out-of-range and negative rows, the padded last dim of align_bytes=32, a pad value
+    with special bits: every element moves by Gather, so no dtype loses a bit."""
+    rng = np.random.default_rng(1)
+    src = values(rng, (7, 5), dtype)
+    wide = np.dtype(dtype).itemsize == 8
+    idx = np.array([0, 6, -1, 7, 3, 3, 2**40 if wide else 2**30], np.int64 if wide else np.int32)
+    pad = src[0, 0]
+    fn = lambda s, i, p: jax_ext.gather(s, [0], 0, i, pad_value=p)
+    (got,), (want,) = round_trip(fn, (src, idx, pad))
+    assert_bits_equal(got, want)
+    assert_bits_equal(want, ref_gather(src, [0], 0, idx, pad_value=pad))
+
+
+GATHER_CASES = {
+    "dim1_offsets": dict(shape=(3, 6, 2, 5), dim=1, offsets=(1, 2), index=[0, 3, -3, 4, 9]),
+    "dim1_offset_out_of_range": dict(shape=(3, 6, 5), dim=1, offsets=(3, 0), index=[0, 1]),
+    "no_align": dict(shape=(6, 5), dim=0, offsets=(0,), index=[5, -1, 2], align_bytes=None),
+    "align_64": dict(shape=(6, 3), dim=0, offsets=(2,), index=[0, 1, 4], align_bytes=64),
+    "num_indices_static": dict(shape=(6, 5), dim=0, offsets=(0,), index=[1, 2, 3, 4], num_indices=2),
+    "pad_value_static": dict(shape=(6, 5), dim=0, offsets=(0,), index=[1, 9], pad_value=-3.5),
+    "no_bounds_check": dict(shape=(6, 5), dim=0, offsets=(1,), index=[0, 7, -4, 2], check_bounds=False),
+    "no_bounds_check_dim1": dict(shape=(2, 6, 5), dim=1, offsets=(5, -2), index=[0, 9], check_bounds=False),
+    "index_uint8": dict(shape=(6, 5), dim=0, offsets=(0,), index=np.array([0, 200, 5], np.uint8)),
+    "index_int16": dict(shape=(6, 5), dim=0, offsets=(0,), index=np.array([-2, 1, 5], np.int16)),
+    "empty_index": dict(shape=(6, 5), dim=0, offsets=(0,), index=np.zeros(0, np.int32)),
+}
+
+
+@pytest.mark.parametrize("case", GATHER_CASES)
+def test_gather_options(case):
+    kw = dict(GATHER_CASES[case])
+    shape, dim, offsets = kw.pop("shape"), kw.pop("dim"), kw.pop("offsets")
+    index = np.asarray(kw.pop("index"))
+    index = index.astype(np.int32) if index.dtype == np.int64 else index
+    src = values(np.random.default_rng(2), shape, np.float32)
+    fn = lambda s, i: jax_ext.gather(s, list(offsets), dim, i, **kw)
+    (got,), (want,) = round_trip(fn, (src, index))
+    assert_bits_equal(got, want)
+    if kw.get("check_bounds", True):
+        assert_bits_equal(want, ref_gather(src, offsets, dim, index, **kw))
+
+
+def test_gather_traced_operands():
+    """offsets, num_indices and pad_value given as graph inputs."""
+    fn = lambda s, o0, o1, i, k, p: jax_ext.gather(s, [o0, o1], 1, i, num_indices=k,
+                                                   pad_value=p)
+    src = values(np.random.default_rng(4), (3, 6, 5), np.float32)
+    idx = np.array([0, 1, -1, 5, 2], np.int32)
+    for o0, k in ((1, 4), (-1, 5), (2, 0), (0, 9)):
+        args = (src, np.int32(o0), np.int32(1), idx, np.int32(k), np.float32(-0.0))
+        (got,), (want,) = round_trip(fn, args)
+        assert_bits_equal(got, want)
+        assert_bits_equal(want, ref_gather(src, (o0, 1), 1, idx, num_indices=k,
+                                           pad_value=np.float32(-0.0)))
+
+
+GATHER_VMAPS = {
+    "src_index": ((0, None, 0, None, None), [(2, 6, 5), None, (2, 4), None, None]),
+    "index_only": ((None, None, 0, None, None), [(6, 5), None, (3, 4), None, None]),
+    "pad_only": ((None, None, None, None, 0), [(6, 5), None, (4,), None, (3,)]),
+    "num_and_offsets": ((None, 0, None, 0, None), [(6, 5), (3, 1), (4,), (3,), None]),
+    "all_axis1": ((1, None, 1, None, 0), [(6, 2, 5), None, (4, 2), None, (2,)]),
+}
+
+
+@pytest.mark.parametrize("case", GATHER_VMAPS)
+def test_gather_vmap(case):
+    axes, shapes = GATHER_VMAPS[case]
+    rng = np.random.default_rng(5)
+    defaults = [(6, 5), (1,), (4,), (), ()]
+    shapes = [s if s is not None else d for s, d in zip(shapes, defaults)]
+    src = values(rng, shapes[0], np.float32)
+    offs = rng.integers(-1, 3, shapes[1]).astype(np.int32)
+    idx = rng.integers(-2, 8, shapes[2]).astype(np.int32)
+    num = rng.integers(0, 5, shapes[3]).astype(np.int32)
+    pad = rng.normal(size=shapes[4]).astype(np.float32)
+    fn = jax.vmap(lambda s, o, i, k, p: jax_ext.gather(s, o, 0, i, num_indices=k, pad_value=p),
+                  in_axes=axes)
+    (got,), (want,) = round_trip(fn, (src, offs, idx, num, pad))
+    assert_bits_equal(got, want)
+
+
+def test_gather_vmap_nested():
+    fn = jax.vmap(jax.vmap(lambda s, i: jax_ext.gather(s, [0], 0, i), in_axes=(None, 0)),
+                  in_axes=(0, 1))
+    src = values(np.random.default_rng(6), (2, 6, 5), np.float32)
+    idx = np.array([[0, 5, -1], [1, 2, 9], [3, 3, 3]], np.int32).reshape(3, 1, 3)
+    idx = np.broadcast_to(idx, (3, 2, 3)).copy()
+    (got,), (want,) = round_trip(fn, (src, idx))
+    assert_bits_equal(got, want)
+
+
+# --- scatter-add: gradients and a training step ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64],
+                         ids=lambda d: np.dtype(d).name)
+def test_gather_grad(dtype):
+    """The gradient for src is a scatter-add: duplicates accumulate (float16 and bfloat16
+    in float32, rounded once), pad rows and padding columns add nothing."""
+    wide = np.float32 if np.dtype(dtype).itemsize < 4 else dtype  # the loss's arithmetic
+
+    def f(s, i):
+        loss = lambda s: (jax_ext.gather(s, [0], 0, i, pad_value=1.0).astype(wide) ** 2).sum()
+        return jax.grad(loss)(s)
+    rng = np.random.default_rng(8)
+    src = rng.normal(size=(6, 5)).astype(dtype)
+    idx = np.array([1, 1, 1, -1, 5, 7, 0, 1], np.int64 if dtype == np.float64 else np.int32)
+    (got,), (want,) = round_trip(f, (src, idx))
+    assert_bits_equal(got, want)
+
+
+def test_pad_value_gradient_is_not_exported_yet():
+    """The gradient for pad_value is jax_ext's own jnp code (a mask of the padded
+    positions), which jax2onnx 0.17 converts with its own plugins: on jax 0.10 into a Where
+    on bool tensors, for which onnxruntime has no kernel; on jax >= 0.11 not at all (its
+    jnp.where conversion looks for jax._src.core.ClosedJaxpr). The docs list it; this
+    notices when it changes."""
+    def f(s, i, p):
+        return jax.grad(lambda p: jax_ext.gather(s, [0], 0, i, pad_value=p).sum())(p)
+    args = (np.ones((6, 5), np.float32), np.array([1, -1], np.int32), np.float32(0.5))
+    if JAX_11:
+        with pytest.raises(AttributeError, match="ClosedJaxpr"):
+            export(f, args)
+        return
+    model = export(f, args)
+    with pytest.raises(Exception, match="Could not find an implementation for Where"):
+        run_ort(model, args, jax_results(f, args))
+
+
+@pytest.mark.parametrize("case", ["src_index", "index_only", "all_axis1"])
+def test_gather_grad_vmap(case):
+    """Batched scatter-adds: one cotangent row per batch element, and src broadcast over
+    the batch (its gradient sums over it)."""
+    axes, shapes = GATHER_VMAPS[case]
+    shapes = [s if s is not None else d for s, d in zip(shapes, [(6, 5), (1,), (4,), (), ()])]
+    rng = np.random.default_rng(9)
+    src = rng.normal(size=shapes[0]).astype(np.float32)
+    idx = rng.integers(-2, 8, shapes[2]).astype(np.int32)
+    g = jax.vmap(lambda s, i: jax_ext.gather(s, [0], 0, i), in_axes=(axes[0], axes[2]))
+    fn = jax.grad(lambda s, i: (g(s, i) ** 2).sum())
+    (got,), (want,) = round_trip(fn, (src, idx))
+    assert_bits_equal(got, want)
+
+
+def sgd_step(table, w, ids, mask, target):
+    """An embedding lookup (padded rows), a masked select, a linear layer: one SGD step.
+    The layer is written as a product and a sum: jax2onnx 0.17's Gemm for the gradient of
+    `h @ w` is rejected by onnxruntime (for the jnp twin too)."""
+    def loss(table, w):
+        rows = jax_ext.gather(table, [0], 0, ids, align_bytes=None)
+        h = jax_ext.where(mask[:, None], rows, 0.0)
+        return (((h[:, :, None] * w[None]).sum(1) - target) ** 2).mean()
+    value, (gt, gw) = jax.value_and_grad(loss, (0, 1))(table, w)
+    return value, table - 0.1 * gt, w - 0.1 * gw
+
+
+def test_training_step():
+    """The step's arithmetic (products, sums, the mean) is onnxruntime's own and rounds
+    its own way; jax_ext's ops in it move values exactly (tested above)."""
+    rng = np.random.default_rng(10)
+    args = (rng.normal(size=(10, 4)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32),
+            np.array([0, 3, 3, 12, -1, 9], np.int32), np.array([1, 1, 0, 1, 1, 1], bool),
+            rng.normal(size=(6, 2)).astype(np.float32))
+    got, want = round_trip(sgd_step, args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
+def test_inside_scan():
+    """A lax.scan body: an ONNX Loop subgraph, where the constants are nodes."""
+    take = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)
+    scanned = lambda s, i: jax.lax.scan(
+        lambda acc, k: (acc + take(s, k[None]).sum(dtype=np.int32), None), np.int32(0), i)[0]
+    args = (np.arange(30, dtype=np.int32).reshape(6, 5), np.array([1, 9, 2], np.int32))
+    (got,), (want,) = round_trip(scanned, args)  # integer sums: exact anywhere
+    assert_bits_equal(got, want)
+
+
+def test_inside_nested_jit():
+    """A nested jax.jit. jax2onnx 0.17 converts none on jax >= 0.11 (it looks for
+    jax._src.core.ClosedJaxpr), the jnp twin's neither; the docs list it, and this notices
+    when it changes."""
+    take = lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None)
+    nested = jax.jit(lambda s, i, c: jax_ext.where3(c, take(s, i), -take(s, i)))
+    twin = jax.jit(lambda s, i, c: jnp.where(c[:, None], s[i % 6], -s[i % 6]))
+    src = values(np.random.default_rng(13), (6, 5), np.float32)
+    args = (src, np.array([1, 9, 2], np.int32), np.array([True, False, True]))
+    if JAX_11:
+        for fn in (nested, twin):
+            with pytest.raises(AttributeError, match="ClosedJaxpr"):
+                export(fn, args)
+        return
+    (got,), (want,) = round_trip(nested, args)
+    assert_bits_equal(got, want)
+
+
+# --- symbolic batch dimensions ----------------------------------------------------------------
+
+def test_symbolic_batch():
+    """One exported model serves every batch size: where over ("B", 8), gather of ("N",)
+    indices from a ("R", 8) table."""
+    fn = lambda c, x, t, i: (jax_ext.where(c, x, 0.0), jax_ext.gather(t, [0], 0, i))
+    model = to_onnx(fn, [jax.ShapeDtypeStruct(s, d) for s, d in (
+        (("B", 8), np.bool_), (("B", 8), np.float32), (("R", 8), np.float32),
+        (("N",), np.int32))])
+    rng = np.random.default_rng(11)
+    for b, r, n in ((2, 5, 3), (7, 3, 9)):
+        args = (rng.integers(0, 2, (b, 8)).astype(bool), values(rng, (b, 8), np.float32),
+                values(rng, (r, 8), np.float32), rng.integers(-2, r + 2, n).astype(np.int32))
+        want = jax_results(fn, args)
+        got = run_ort(model, args, want)
+        assert_bits_equal(got[1], want[1])
+        assert classify(got[0], want[0], np.broadcast_to(args[0], (b, 8))) <= {"-0.0 from x"}
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_unsupported_dtype_is_a_clear_error():
+    c = jax.ShapeDtypeStruct((3,), np.bool_)
+    x = jax.ShapeDtypeStruct((3,), np.complex64)
+    with pytest.raises(Exception, match="select of dtype complex64 has no ONNX export"):
+        to_onnx(lambda c, x: jax_ext.where(c, x, x), [c, x])
+
+
+# --- OpenVINO ---------------------------------------------------------------------------------
+
+OPENVINO_CASES = {
+    "where_broadcast": (lambda c, x, y: jax_ext.where(c, x, y), lambda r: (
+        r.integers(0, 2, (4, 1)).astype(bool), r.normal(size=(4, 8)).astype(np.float32),
+        r.normal(size=(1, 8)).astype(np.float32))),
+    "where3_rows_int32": (lambda c, x, y: jax_ext.where3(c, x, y), lambda r: (
+        r.integers(0, 2, (4,)).astype(bool), r.integers(-9, 9, (4, 3)).astype(np.int32),
+        r.integers(-9, 9, (4, 3)).astype(np.int32))),
+    "gather_padded": (lambda s, i, p: jax_ext.gather(s, [0], 0, i, pad_value=p), lambda r: (
+        r.normal(size=(6, 5)).astype(np.float32), np.array([0, 5, -1, 9, 2], np.int32),
+        np.float32(-2.0))),
+    "gather_grad": (jax.grad(lambda s, i: (jax_ext.gather(s, [0], 0, i) ** 2).sum()), lambda r: (
+        r.normal(size=(6, 5)).astype(np.float32), np.array([1, 1, -1, 5], np.int32))),
+    "training_step": (sgd_step, lambda r: (
+        r.normal(size=(10, 4)).astype(np.float32), r.normal(size=(4, 2)).astype(np.float32),
+        np.array([0, 3, 3, 12, -1, 9], np.int32), np.array([1, 1, 0, 1, 1, 1], bool),
+        r.normal(size=(6, 2)).astype(np.float32))),
+}
+
+
+@pytest.mark.parametrize("case", OPENVINO_CASES)
+def test_openvino_runs_the_export(case):
+    """OpenVINO's CPU plugin reads the exported model and returns jax_ext's values: bit
+    for bit where values only move; the training step's arithmetic within float32
+    rounding (OpenVINO fuses and reorders the matmul and the mean)."""
+    fn, make = OPENVINO_CASES[case]
+    args = make(np.random.default_rng(12))
+    want = jax_results(fn, args)
+    got = run_openvino(export(fn, args), args)
+    for g, w in zip(got, want):
+        if case == "training_step":
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        else:
+            assert_bits_equal(np.asarray(g).astype(w.dtype), w)
