@@ -413,23 +413,24 @@ def _gather_keys(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: 
 def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad: Aval, *,
                           dim: int, row_len: int, check_bounds: bool, nbatch: int,
                           impl: str) -> Aval:
+    prim = _names.GATHER.primitive
     bshape = _rows.batch_shape((src, offsets, index, num, pad), nbatch)
     sshape = src.shape[nbatch:]
     for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
                        ("num_indices", num, 0), ("pad_value", pad, 0)):
-        _rows.check_batch(_names.GATHER.primitive, name, a, bshape, nbatch, r)
+        _rows.check_batch(prim, name, a, bshape, nbatch, r)
     if (offsets.shape[-1] != dim + 1 or offsets.dtype not in (np.int32, np.int64)
             or num.dtype not in (np.int32, np.int64)):
-        raise TypeError("jax_ext_gather: offsets/num_indices must be int32/int64 of the right "
+        raise TypeError(f"{prim}: offsets/num_indices must be int32/int64 of the right "
                         "length")
     if pad.dtype != src.dtype or not _is_int_dtype(index.dtype):
-        raise TypeError(f"jax_ext_gather: bad dtypes src {src.dtype}, pad {pad.dtype}, "
+        raise TypeError(f"{prim}: bad dtypes src {src.dtype}, pad {pad.dtype}, "
                         f"index {index.dtype}")
     n = index.shape[-1]
     shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
     avals = (src, offsets, index, num, pad)
     ss = _compat.spec_entries(src)[nbatch:]
-    spec = _lowering.merge_specs("jax_ext_gather", _rows.batch_spec_candidates(avals, bshape) + [
+    spec = _lowering.merge_specs(prim, _rows.batch_spec_candidates(avals, bshape) + [
         [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
         [ss[-1]] if sshape[-1] == row_len else []])
     return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
@@ -560,7 +561,7 @@ def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any
                    row_len: int, check_bounds: bool, nbatch: int,
                    impl: str) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if not (_lowering.native_dtype_ok(avals[0].dtype)
+    if not (_lowering.native_dtype_ok(avals[0].dtype, _names.GATHER)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
     # The kernel reads every size from the buffers (static or symbolic alike).
