@@ -108,7 +108,7 @@ def _maybe_le(a: int, b: int) -> bool:
     clamps num_indices into [0, n] at run time)."""
     try:
         return bool(a <= b)
-    except Exception:  # InconclusiveDimensionOperation
+    except jax.errors.InconclusiveDimensionOperation:
         return True
 
 

@@ -128,8 +128,6 @@ def _partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-    # `raw` exists only where jax has custom_partitioning (see register).
-    assert _compat.custom_partitioning is not None
     fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
 
     def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -338,7 +336,7 @@ def definitely_zero(d: object) -> bool:
     """d == 0 for an int or a symbolic dimension (False when it cannot be decided)."""
     try:
         return bool(d == 0)
-    except Exception:
+    except jax.errors.InconclusiveDimensionOperation:
         return False
 
 
