@@ -66,10 +66,9 @@ _OPAQUE_CONSUMERS = frozenset({
     "scatter_mul", "scatter_min", "scatter_max", "while", "cond", "scan", "fft", "ffi_call",
     "custom_call", "cholesky", "triangular_solve", "lu", "qr", "eigh", "svd",
 }) | _names.PRIMITIVES
-# Reductions that XLA:CPU (jaxlib 0.10.2) runs as a YNNPACK fusion reading its operand from
-# memory, for these operand dtypes: the producer is materialized by XLA itself, so a native
-# result feeding them costs nothing extra (checked in the compiled HLO: a kLoop fusion
-# writing the operand, then a kCustom __ynn_fusion; other dtypes fuse into a kLoop).
+# Reductions that XLA:CPU (jaxlib 0.10.2) runs from memory, for these operand dtypes: XLA
+# materializes their operand itself, so a native result feeding them costs nothing extra
+# (docs/performance.md says where this shows in the compiled program).
 _MEMORY_REDUCTIONS = {
     "reduce_sum": {"float32", "float64"},
     "reduce_max": {"float16", "bfloat16", "float32", "float64"},
