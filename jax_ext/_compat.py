@@ -1,13 +1,12 @@
-"""Every jax import that is private or differs between jax versions lives here."""
+"""Every jax import that is private or differs between jax versions lives here, and every
+fallback jax_ext takes when jax surprises it goes through `fallback` below."""
 from __future__ import annotations
 
-import contextlib
-import inspect
+import logging
 import os
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -15,12 +14,101 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import jax
 import numpy as np
 
+# Every private or unstable jax name jax_ext uses (jax._src, jax.interpreters, jax.core,
+# jax.experimental), with why no public name serves at both ends of the supported window.
+# tests/test_private_names.py reads jax_ext's sources and fails on one missing here.
+PRIVATE_NAMES: dict[str, str] = {
+    "jax._src.config.enum_state":
+        "the implementation() setting must join jit's cache key and trace context; jax has "
+        "no public way to define such a config option",
+    "jax._src.config.string_or_object_state":
+        "the tuning state must join jit's cache key (a function traced before tune() is "
+        "traced again after); no public string state does",
+    "jax._src.core.ShardingTypeError":
+        "the error jax's own ops raise for conflicting shardings under explicit axes; not "
+        "exported publicly, and users catch jax's type",
+    "jax._src.core.auto_insert_reshard":
+        "makes invariant operands varying before a bind inside shard_map (pvary, whose "
+        "transpose sums a replicated operand's gradient); lax.pcast needs explicit axes",
+    "jax._src.dispatch.prim_requires_devices_during_lowering":
+        "custom_partitioning needs the device assignment while lowering; jax's own cuDNN "
+        "kernels register there; no public switch",
+    "jax._src.lax.lax._convert_element_type":
+        "a conversion that keeps weak typing (jnp's promotion); lax.convert_element_type "
+        "always gives a strong type",
+    "jax._src.sharding_impls.ShardingContext":
+        "tells a jit lowering that will be partitioned from a shard_map body or pmap; the "
+        "lowering context has no public spelling of it",
+    "jax.core.ShapedArray":
+        "the abstract value of one shard's computation (an aval, which ShapeDtypeStruct "
+        "is not)",
+    "jax.core.Tracer":
+        "names a traced check_bounds 'a traced value' in its error message; no public test "
+        "tells a tracer from a concrete array",
+    "jax.experimental.custom_partitioning.custom_partitioning":
+        "the only way a custom call lowers per shard with local shapes and a Shardy rule",
+    "jax.interpreters.ad.UndefinedPrimal":
+        "the type of a transpose rule's linear operand (annotations only)",
+    "jax.interpreters.ad.Zero":
+        "jax's symbolic zero tangent, which JVP and transpose rules receive and return",
+    "jax.interpreters.ad.is_undefined_primal":
+        "which operands a transpose rule is linear in; jax.extend has no rule API",
+    "jax.interpreters.ad.primitive_jvps":
+        "registers a primitive's JVP rule; jax.extend has no rule API",
+    "jax.interpreters.ad.primitive_transposes":
+        "registers a primitive's transpose rule; jax.extend has no rule API",
+    "jax.interpreters.batching.fancy_primitive_batchers":
+        "registers a primitive's batching rule with the axis data (primitive_batchers is a "
+        "compatibility shim)",
+    "jax.interpreters.mlir.LoweringRule":
+        "the type of a lowering rule (annotations)",
+    "jax.interpreters.mlir.LoweringRuleContext":
+        "the context a lowering rule receives (avals, module, platforms)",
+    "jax.interpreters.mlir.ir":
+        "the MLIR bindings jax lowers with: the custom call's operands, and what auto "
+        "reads about producers",
+    "jax.interpreters.mlir.jaxpr_subcomp":
+        "its frames hold the jaxprs being lowered, from which auto reads a call's "
+        "consumers; jax exposes them nowhere else (a fallback where it moves)",
+    "jax.interpreters.mlir.lower_fun":
+        "lowers the lax implementation inside a lowering rule",
+    "jax.interpreters.mlir.register_lowering":
+        "registers a primitive's lowering rule",
+    "jax.interpreters.xla.apply_primitive":
+        "a primitive's eager implementation (compile and run its one equation)",
+}
+
 MIN_JAX = (0, 10, 2)
 # The newest minor release CI runs the suite on (the newest jax the package registry
 # serves); a newer one warns at import, once. Raise it with the CI environment.
 NEWEST_TESTED = (0, 12)
 # Set to 1 to silence that warning (for a user who has checked the newer jax themselves).
 NO_VERSION_WARNING_ENV = "JAX_EXT_NO_VERSION_WARNING"
+# Set to 1 to make every fallback raise instead (the test suite and CI set it).
+STRICT_ENV = "JAX_EXT_STRICT"
+
+_log = logging.getLogger("jax_ext")
+
+
+class FallbackError(RuntimeError):
+    """Raised where jax_ext would fall back, while JAX_EXT_STRICT=1 is set."""
+
+
+def strict() -> bool:
+    """Is strict mode on (JAX_EXT_STRICT set to a value other than "" or "0")?"""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def fallback(what: str, exc: BaseException | None = None) -> None:
+    """Every fallback of jax_ext goes through here: `what` says what jax_ext does instead
+    and `exc` what made it. It logs a debug line on the "jax_ext" logger and carries on;
+    in strict mode it raises FallbackError, so a jax release that moved what the
+    fallback guards fails the tests instead of changing behaviour quietly."""
+    detail = "" if exc is None else f" ({type(exc).__name__}: {exc})"
+    _log.debug("jax_ext falls back: %s%s", what, detail)
+    if strict():
+        raise FallbackError(f"jax_ext would fall back: {what}{detail} ({STRICT_ENV} is set)"
+                            ) from exc
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -119,10 +207,7 @@ def convert_element_type(x: jax.Array, dtype: np.dtype[Any], *, weak_type: bool)
     """x as `dtype`, weakly typed when `weak_type`, as jnp's promotion converts operands
     (int32 array beside 0.5 -> weak float32). lax.convert_element_type, the public one,
     always gives a strong type."""
-    try:
-        from jax._src.lax.lax import _convert_element_type
-    except ImportError:  # a jax without it: the dtype is right, only weakness is lost
-        return jax.lax.convert_element_type(x, dtype)
+    from jax._src.lax.lax import _convert_element_type
     out: jax.Array = _convert_element_type(x, dtype, weak_type=weak_type)
     return out
 
@@ -137,35 +222,34 @@ def register_batcher(prim: Primitive, rule: BatchRule) -> None:
             return prim.bind(*args, **params), None
         return rule(axis_data.size, args, bdims, **params)
 
-    table = getattr(batching, "fancy_primitive_batchers", None)
-    if table is None:
-        raise RuntimeError("jax_ext: this jax has no fancy_primitive_batchers")
-    table[prim] = batcher
-
-
-# Whether this jax's register_lowering has the `cacheable` switch, asked once.
-_LOWERING_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
+    batching.fancy_primitive_batchers[prim] = batcher
 
 
 def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, cacheable: bool) -> None:
-    """mlir.register_lowering for every platform; `cacheable` is passed where jax has it."""
-    kw = {"cacheable": cacheable} if _LOWERING_CACHEABLE else {}
-    mlir.register_lowering(prim, rule, platform=None, **kw)  # None: every platform
+    """mlir.register_lowering for every platform."""
+    mlir.register_lowering(prim, rule, platform=None, cacheable=cacheable)
 
 
 def enclosing_equations(limit: int = 64) -> list[tuple[Any, Any, dict[Any, Any]]]:
     """(jaxpr, eqn, env) for every jaxpr jax is lowering on this thread right now, innermost
     first: jax lowers a jaxpr one equation at a time in ``mlir.jaxpr_subcomp``, and the
     frames of those calls hold them (env: jaxpr variable -> MLIR value). [] when this jax
-    lowers some other way (then implementation "auto" treats consumers as unknown)."""
+    lowers some other way (a fallback: then implementation "auto" treats consumers as
+    unknown)."""
     code = getattr(getattr(mlir, "jaxpr_subcomp", None), "__code__", None)
+    if code is None:
+        fallback("no mlir.jaxpr_subcomp to read the enclosing equations from: auto treats "
+                 "producers and consumers as unknown")
+        return []
     out: list[tuple[Any, Any, dict[Any, Any]]] = []
     f: FrameType | None = sys._getframe(1)
-    while code is not None and f is not None and len(out) < limit:
+    while f is not None and len(out) < limit:
         if f.f_code is code:
             loc = f.f_locals
             j, e, env = loc.get("jaxpr"), loc.get("eqn"), loc.get("env")
             if j is None or e is None or not isinstance(env, dict):
+                fallback("mlir.jaxpr_subcomp has no jaxpr, eqn and env locals: auto treats "
+                         "producers and consumers as unknown")
                 return []
             out.append((j, e, env))
         f = f.f_back
@@ -185,20 +269,18 @@ class ConfigState(Protocol[_T]):
     def __call__(self, value: Any, /) -> AbstractContextManager[None]: ...
 
 
-def impl_state(names: Sequence[str], env: str) -> ConfigState[str]:
-    """A jax config option 'jax_ext_impl' (its default from the environment variable `env`)
-    that is part of the jit cache key, so a function traced under implementation("lax") is
-    not reused under "native". `names`: the values, the default first."""
-    try:
-        from jax._src import config as jax_config
-        return jax_config.enum_state(
-            name="jax_ext_impl", enum_values=list(names), default=names[0],
-            help="jax_ext: run primitives natively on CPU ('native'), through lax ('lax'), "
-                 "or chosen per call site by cost and stored tuning ('auto'; see "
-                 "jax_ext.explain).",
-            include_in_jit_key=True, include_in_trace_context=True)
-    except Exception:  # pragma: no cover - only on a jax without enum_state
-        return _ThreadLocalState(names[0], env)
+def impl_state(names: Sequence[str]) -> ConfigState[str]:
+    """A jax config option 'jax_ext_impl' (jax takes its default from the environment
+    variable JAX_EXT_IMPL) that is part of the jit cache key, so a function traced under
+    implementation("lax") is not reused under "native". `names`: the values, the default
+    first. jax has no public enum state that joins the jit key: enum_state is jax's own."""
+    from jax._src import config as jax_config
+    return jax_config.enum_state(
+        name="jax_ext_impl", enum_values=list(names), default=names[0],
+        help="jax_ext: run primitives natively on CPU ('native'), through lax ('lax'), "
+             "or chosen per call site by cost and stored tuning ('auto'; see "
+             "jax_ext.explain).",
+        include_in_jit_key=True, include_in_trace_context=True)
 
 
 _TUNING_STATE = "jax_ext_tuning_state"
@@ -223,29 +305,10 @@ def set_tuning_state(value: str) -> None:
     jax.config.update(_TUNING_STATE, value)  # type: ignore[no-untyped-call]
 
 
-class _ThreadLocalState:  # pragma: no cover - fallback, not part of the jit cache key
-    def __init__(self, default: str, env: str) -> None:
-        self._default = os.environ.get(env, default)
-        self._local = threading.local()
-
-    @property
-    def value(self) -> str:
-        value: str = getattr(self._local, "value", self._default)
-        return value
-
-    @contextlib.contextmanager
-    def __call__(self, value: str) -> Iterator[None]:
-        old = self.value
-        self._local.value = value
-        try:
-            yield
-        finally:
-            self._local.value = old
-
-
 def is_donated_block_argument(value: ir.Value[Any]) -> bool:
     """True when `value` is an argument of the function being lowered that the caller
-    donated (jit(..., donate_argnums=...)). Any surprise in the IR means 'no'."""
+    donated (jit(..., donate_argnums=...)). Any surprise in the IR means 'no' (a
+    fallback: the call then copies instead of updating in place)."""
     try:
         if not isinstance(value, ir.BlockArgument):
             return False
@@ -254,7 +317,8 @@ def is_donated_block_argument(value: ir.Value[Any]) -> bool:
             return False
         attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
         return "jax.buffer_donor" in attrs or "tf.aliasing_output" in attrs
-    except Exception:
+    except Exception as e:
+        fallback("an argument's donation could not be read from the IR: not donated", e)
         return False
 
 
@@ -262,33 +326,21 @@ def is_donated_block_argument(value: ir.Value[Any]) -> bool:
 # jax_ext partitions its custom calls with jax.experimental.custom_partitioning (the
 # mechanism jax's own cuDNN kernels use). It needs two private pieces: the set of
 # primitives whose lowering must see the device assignment, and the lowering's axis
-# context. Without either, everything still lowers, unpartitioned (XLA replicates).
+# context.
 # jax leaves custom_partitioning unannotated: typed here by what jax_ext does with it
-# (wrap a function, then def_partition); None on a jax without it.
-custom_partitioning: Callable[[Callable[..., Any]], Any] | None
-try:
-    from jax.experimental.custom_partitioning import custom_partitioning as _cp  # noqa: E402
-    from jax._src import dispatch as _dispatch  # noqa: E402
-    from jax._src import sharding_impls as _sharding_impls  # noqa: E402
-    _ShardingContext = _sharding_impls.ShardingContext
-    _requires_devices = _dispatch.prim_requires_devices_during_lowering
-    custom_partitioning = _cp
-    HAVE_CUSTOM_PARTITIONING = True
-except Exception:  # pragma: no cover - a jax without these extension points
-    custom_partitioning = None
-    HAVE_CUSTOM_PARTITIONING = False
+# (wrap a function, then def_partition).
+from jax.experimental.custom_partitioning import custom_partitioning as _cp  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src import sharding_impls as _sharding_impls  # noqa: E402
+
+custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
 
 
 def require_devices_during_lowering(prim: Primitive) -> bool:
     """Asks jax to lower `prim` with its device assignment known (custom_partitioning
-    needs it); False when this jax has no such switch."""
-    if not HAVE_CUSTOM_PARTITIONING:
-        return False
-    try:
-        _requires_devices.add(prim)
-        return True
-    except Exception:  # pragma: no cover
-        return False
+    needs it). True: the lowering may partition `prim`."""
+    _dispatch.prim_requires_devices_during_lowering.add(prim)
+    return True
 
 
 def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
@@ -296,9 +348,8 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
     over, or None when it must be lowered as is: one device, a body where every mesh
     axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
     cannot be serialized), the GSPMD partitioner (jax_use_shardy_partitioner=False), or
-    a sharding without a named mesh."""
-    if not HAVE_CUSTOM_PARTITIONING:
-        return None
+    a sharding without a named mesh. Any surprise in jax's lowering context is a
+    fallback: the call lowers unpartitioned (XLA all-gathers its operands)."""
     try:
         mc = ctx.module_context
         # jax 0.10.2's Config stub lacks this flag, which its config defines (0.12's has it).
@@ -306,32 +357,27 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         if mc.lowering_parameters.for_export or not shardy:
             return None
         ac = mc.axis_context
-        if not isinstance(ac, _ShardingContext):
+        if not isinstance(ac, _sharding_impls.ShardingContext):
             return None  # shard_map bodies (SPMDAxisContext), pmap (replica context)
         devices, am = ac.device_assignment, ac.abstract_mesh
         if devices is None or len(devices) <= 1 or am is None or am.empty:
             return None
         return dict(zip(am.axis_names, am.axis_sizes))
-    except Exception:  # any surprise in jax's internals: lower unpartitioned
+    except Exception as e:
+        fallback("jax's lowering context did not say how the call is partitioned: it "
+                 "lowers unpartitioned (replicated)", e)
         return None
 
 
 # --- sharding in types (explicit mesh axes) ----------------------------------------------
-ShardingTypeError: type[Exception]
-try:
-    from jax._src.core import ShardingTypeError as _ShardingTypeError  # noqa: E402
-    ShardingTypeError = _ShardingTypeError
-except Exception:  # pragma: no cover
-    ShardingTypeError = ValueError
+from jax._src.core import ShardingTypeError as ShardingTypeError  # noqa: E402
 
 
 def explicit_axes(mesh: Any) -> bool:
-    """Does `mesh` have an Explicit axis (sharding in types)?"""
-    try:
-        from jax.sharding import AxisType
-        return any(t == AxisType.Explicit for t in mesh.axis_types)
-    except Exception:
-        return False
+    """Does `mesh` have an Explicit axis (sharding in types)? A mesh without axis types
+    has none."""
+    from jax.sharding import AxisType
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
 def auto_axes(fn: Callable[..., jax.Array],
@@ -350,10 +396,8 @@ def auto_axes(fn: Callable[..., jax.Array],
 def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
     """The PartitionSpec entry of every dim of `aval` (an aval, or anything with `ndim`
     and `sharding`, such as a ShapeDtypeStruct): None where unsharded or unknown."""
-    try:
-        spec = tuple(aval.sharding.spec)
-    except Exception:
-        spec = ()
+    found = getattr(getattr(aval, "sharding", None), "spec", None)
+    spec = () if found is None else tuple(found)
     ndim: int = aval.ndim
     return spec + (None,) * (ndim - len(spec))
 
@@ -363,12 +407,8 @@ def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry]
     """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
     carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
     decides, as for any jax op)."""
-    try:
-        sh = next((a.sharding for a in avals_in
-                   if getattr(getattr(a, "sharding", None), "mesh", None) is not None
-                   and not a.sharding.mesh.empty), None)
-    except Exception:
-        sh = None
+    sh = next((a.sharding for a in avals_in if not getattr(
+        getattr(getattr(a, "sharding", None), "mesh", None), "empty", True)), None)
     updates.update(varying_update(avals_in, like))
     if sh is None:
         return like.update(**updates)
@@ -400,8 +440,8 @@ def varying_update(avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
 def bind(prim: Primitive, *args: Any, **params: Any) -> jax.Array:
     """`prim.bind` with invariant operands made varying where they meet varying ones, as
     jax's lax primitives bind (a no-op outside shard_map and under check_vma=False)."""
-    from jax._src import core as _core
-    insert: Callable[..., Sequence[Any]] = _core.auto_insert_reshard
+    from jax._src import core as _src_core
+    insert: Callable[..., Sequence[Any]] = _src_core.auto_insert_reshard
     out: jax.Array = prim.bind(*insert(*args), **params)  # jax_ext's primitives: one result
     return out
 

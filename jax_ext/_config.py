@@ -18,7 +18,7 @@ def _check_name(name: object, source: str = "") -> None:
 # implementation() gives: silently running native when lax was asked for hides the typo.
 if IMPL_ENV in os.environ:
     _check_name(os.environ[IMPL_ENV], f" (from the environment variable {IMPL_ENV})")
-_state = _compat.impl_state(_NAMES, IMPL_ENV)
+_state = _compat.impl_state(_NAMES)
 
 
 def implementation(name: ImplementationName) -> AbstractContextManager[None]:

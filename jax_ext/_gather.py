@@ -34,101 +34,17 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.typing import ArrayLike, DTypeLike
+from jax.typing import ArrayLike
 
-from . import _compat, _config, _lowering, _names, _rows
+from . import _compat, _config, _gather_args as _args, _lowering, _names, _rows
 from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 # gather's transpose binds the scatter-add, whose rules _scatter_add registers
 from . import _scatter_add  # noqa: F401
 from ._primitives import gather_p, scatter_add_p
-from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
-                      is_extended, is_key, is_py_scalar, result_dim, scalar_as, sum_to_shape)
+from ._common import (as_array, check_extended, fmt_shape as _fmt, is_extended, is_key,
+                      result_dim, sum_to_shape)
 
 Zero = _compat.Zero
-
-
-def _is_int_dtype(dt: DTypeLike) -> bool:
-    return jnp.issubdtype(dt, jnp.integer)
-
-
-def _static_int(v: object) -> int | None:
-    """A Python/numpy integer as int, None for anything else (bool is not an integer)."""
-    if isinstance(v, (bool, np.bool_)):
-        return None
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    return None
-
-
-def _int_scalar(v: object, what: str, fn: str) -> int | jax.Array:
-    """A static int, or an integer 0-d array."""
-    s = _static_int(v)
-    if s is not None:
-        return s
-    if isinstance(v, (bool, np.bool_, float, complex)):
-        raise TypeError(f"{fn}: {what} must be an integer, got {type(v).__name__} {v!r}")
-    if not is_arraylike(v):
-        raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
-                        f"{describe(v)}")
-    try:
-        a = jnp.asarray(v)
-    except (TypeError, ValueError) as e:  # ValueError: None
-        raise TypeError(f"{fn}: {what} must be an integer or an integer scalar array, got "
-                        f"{type(v).__name__}: {e}") from None
-    if not _is_int_dtype(a.dtype):
-        raise TypeError(f"{fn}: {what} must have an integer dtype, got {a.dtype} with shape "
-                        f"{_fmt(a.shape)}")
-    if a.ndim != 0:
-        raise ValueError(f"{fn}: {what} must be a scalar, got shape {_fmt(a.shape)} "
-                         f"({a.dtype})")
-    return a
-
-
-def _carrier() -> np.dtype[Any]:
-    """The integer type offsets and num_indices travel in: int64 with jax_enable_x64,
-    int32 without (jax has no 64-bit arrays then)."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
-
-
-def _to_carrier(a: jax.Array, *, saturate_to: int | None = None) -> jax.Array:
-    """Integer scalar array -> the carrier type; unsigned values above its maximum
-    saturate (to `saturate_to` when given)."""
-    c = _carrier()
-    if saturate_to is not None and not isinstance(saturate_to, (int, np.integer)):
-        saturate_to = None  # a symbolic n (jax.export): the kernel clamps to [0, n] anyway
-    top = np.iinfo(c).max if saturate_to is None else min(saturate_to, np.iinfo(c).max)
-    if a.dtype.kind == "u" and a.dtype.itemsize >= c.itemsize:
-        a = jnp.minimum(a, np.array(top, a.dtype))
-    # Any other integer array converts exactly: jax makes none wider than the carrier.
-    return a.astype(c)
-
-
-def _maybe_le(a: int, b: int) -> bool:
-    """a <= b, or True when b is a symbolic dim the comparison cannot decide (the kernel
-    clamps num_indices into [0, n] at run time)."""
-    try:
-        return bool(a <= b)
-    except Exception:  # InconclusiveDimensionOperation
-        return True
-
-
-def _align_bytes(align_bytes: object, unit: int, what: str, fn: str) -> int | None:
-    """align_bytes as an int (or None), checked: a positive multiple of `unit` bytes (an
-    element, or one key), at most 2**31."""
-    if align_bytes is None:
-        return None
-    ab = _static_int(align_bytes)
-    if ab is None or ab <= 0 or ab % unit or ab > 2 ** 31:
-        raise ValueError(f"{fn}: align_bytes must be None or a positive multiple of {what} "
-                         f"up to 2**31, got {align_bytes!r}")
-    return ab
-
-
-def _row_len(last: int, itemsize: int, align_bytes: int | None) -> int:
-    if align_bytes is None:
-        return last
-    nbytes = last * itemsize
-    return -(-nbytes // align_bytes) * align_bytes // itemsize
 
 
 def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
@@ -220,159 +136,18 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
                             align_bytes=align_bytes)
     # Each argument checked and made an operand, in the order their errors are reported.
     src = as_array(src, "src must be an array", fn)
-    dim = _check_dim(src, dim, fn)
-    offsets_arr = _offsets_operand(offsets, dim, fn)
-    index = _index_operand(index, fn)
-    num = _num_indices_operand(num_indices, index, fn)
-    pad = _pad_operand(pad_value, src, fn)
-    check_bounds = _check_bounds(check_bounds, fn)
+    dim = _args.checked_dim(src, dim, fn)
+    offsets_arr = _args.offsets_operand(offsets, dim, fn)
+    index = _args.index_operand(index, fn)
+    num = _args.num_indices_operand(num_indices, index, fn)
+    pad = _args.pad_operand(pad_value, src, fn)
+    check_bounds = _args.static_check_bounds(check_bounds, fn)
     itemsize = np.dtype(src.dtype).itemsize
-    align_bytes = _align_bytes(align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})",
-                               fn)
-    L = _row_len(src.shape[-1], itemsize, align_bytes)
+    align_bytes = _args.checked_align_bytes(
+        align_bytes, itemsize, f"src's itemsize {itemsize} ({src.dtype})", fn)
+    L = _args.padded_row_len(src.shape[-1], itemsize, align_bytes)
     return _compat.bind(gather_p, src, offsets_arr, index, num, pad, dim=dim, row_len=result_dim(L),
                          check_bounds=check_bounds, nbatch=0, impl=_config.current())
-
-
-# --- gather's arguments, one step each ------------------------------------------------
-
-def _check_dim(src: jax.Array, dim: object, fn: str) -> int:
-    """dim as an int: a Python int with 0 <= dim < src.ndim - 1."""
-    d = _static_int(dim)
-    if d is None:
-        raise TypeError(f"{fn}: dim must be a Python int, got {type(dim).__name__} {dim!r}")
-    if src.ndim >= 1 and d == src.ndim - 1:
-        raise NotImplementedError(
-            f"{fn}: dim={d} is the last dimension of src {_fmt(src.shape)} ({src.dtype}); "
-            "gathering single elements along the last dimension is not implemented")
-    if not 0 <= d < src.ndim - 1:
-        raise ValueError(f"{fn}: dim must satisfy 0 <= dim < src.ndim - 1 = {src.ndim - 1}, got "
-                         f"dim={d} for src {_fmt(src.shape)} ({src.dtype})")
-    return d
-
-
-def _offsets_operand(offsets: object, dim: int, fn: str) -> jax.Array:
-    """offsets (a sequence of dim + 1 integers, static or traced, or a rank-1 integer
-    array) as one vector of the carrier type."""
-    if is_arraylike(offsets) and not is_py_scalar(offsets):
-        offsets = as_array(offsets, "offsets must be a sequence of integers or an integer array",
-                           fn)
-    if isinstance(offsets, jax.Array) and offsets.ndim == 1:
-        if not _is_int_dtype(offsets.dtype):
-            raise TypeError(f"{fn}: offsets must have an integer dtype, got {offsets.dtype} "
-                            f"with shape {_fmt(offsets.shape)}")
-        offsets = [offsets[k] for k in range(offsets.shape[0])]
-    elif isinstance(offsets, (jax.Array, str, bytes)) or not isinstance(offsets, Sequence):
-        # an array of another rank, a dict, a ShapeDtypeStruct ...
-        raise TypeError(f"{fn}: offsets must be a sequence of dim + 1 = {dim + 1} integers or a "
-                        f"rank-1 integer array, got {describe(offsets)}")
-    offsets = list(offsets)
-    if len(offsets) != dim + 1:
-        raise ValueError(f"{fn}: offsets must hold dim + 1 = {dim + 1} values for dim={dim}, "
-                         f"got {len(offsets)}")
-    offs = []
-    cdt = _carrier()
-    for k, o in enumerate(offsets):
-        s = _int_scalar(o, f"offsets[{k}]", fn)
-        if isinstance(s, int):
-            if not np.iinfo(cdt).min <= s <= np.iinfo(cdt).max:
-                raise ValueError(f"{fn}: offsets[{k}]={s} does not fit in {cdt.name}"
-                                 + ("" if cdt == np.int64 else " (enable jax_enable_x64 for "
-                                    "64-bit offsets)"))
-            offs.append(jnp.asarray(s, cdt))
-        else:
-            offs.append(_to_carrier(s))
-    return jnp.stack(offs)
-
-
-def _index_operand(index: ArrayLike, fn: str) -> jax.Array:
-    """index as a rank-1 integer array, in its own dtype. A numpy index wider than the
-    dtype jax will hold it in (int64 or uint64 with jax_enable_x64 off: 32 bits) must fit
-    it: jnp.asarray would wrap 2**32 + 1 to 1, a real row."""
-    if isinstance(index, np.ndarray) and index.dtype.kind in "iu" and index.size:
-        held = np.dtype(jax.dtypes.canonicalize_dtype(index.dtype))
-        if held.itemsize < index.dtype.itemsize:
-            lo, hi = index.min(), index.max()
-            info = np.iinfo(held)
-            if lo < info.min or hi > info.max:
-                bad = int(lo) if lo < info.min else int(hi)
-                raise ValueError(
-                    f"{fn}: index {_fmt(index.shape)} ({index.dtype}) holds {bad}, which does "
-                    f"not fit in {held.name}, the dtype jax holds it in with jax_enable_x64 off; "
-                    f"enable jax_enable_x64, or pass an index whose values fit in {held.name}")
-    index = as_array(index, "index must be an integer array", fn)
-    if index.ndim != 1:
-        raise ValueError(f"{fn}: index must have rank 1, got shape {_fmt(index.shape)} "
-                         f"({index.dtype})")
-    if not _is_int_dtype(index.dtype):
-        raise TypeError(f"{fn}: index must have an integer dtype, got {index.dtype} with shape "
-                        f"{_fmt(index.shape)}")
-    return index
-
-
-def _num_indices_operand(num_indices: object, index: jax.Array, fn: str) -> jax.Array:
-    """num_indices (None: all n rows) as a carrier scalar; a static one must lie in
-    [0, n], a traced one saturates."""
-    n = index.shape[0]
-    cdt = _carrier()
-    if num_indices is None:
-        return jnp.asarray(n, cdt)
-    s = _int_scalar(num_indices, "num_indices", fn)
-    if not isinstance(s, int):
-        return _to_carrier(s, saturate_to=n)
-    if not (0 <= s and _maybe_le(s, n)):
-        raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
-                         f"{_fmt(index.shape)}")
-    return jnp.asarray(s, cdt)
-
-
-def _pad_operand(pad_value: object, src: jax.Array, fn: str) -> jax.Array:
-    """pad_value (None: 0) as a scalar of src's dtype. A weakly typed pad (a Python
-    scalar, or one passed to jit) follows the selects' rule against src: of src's kind
-    or a lower one it takes src's dtype (a Python int must fit it); one that would promote
-    src (0.5 beside int32) is a TypeError, since the result keeps src's dtype and the
-    value would be cut. A typed pad array is cast to src's dtype (as astype)."""
-    if pad_value is None:
-        return jnp.zeros((), src.dtype)
-    if not is_arraylike(pad_value):
-        raise TypeError(f"{fn}: pad_value must be a scalar or a scalar array, got "
-                        f"{describe(pad_value)}")
-    sdt = np.dtype(src.dtype)
-    if is_py_scalar(pad_value):
-        _pad_kind(pad_value, sdt, f"pad_value={pad_value!r} (a Python "
-                  f"{type(pad_value).__name__})", fn)
-        return scalar_as(pad_value, sdt, "pad_value", fn)
-    p = as_array(pad_value, "pad_value must be a scalar or a scalar array", fn)
-    if p.ndim != 0:
-        raise ValueError(f"{fn}: pad_value must be a scalar, got shape {_fmt(p.shape)} "
-                         f"({p.dtype})")
-    if jax.typeof(p).weak_type:
-        _pad_kind(p, sdt, f"pad_value (a weakly typed {p.dtype} scalar, as jit makes of a "
-                  "Python scalar)", fn)
-    return p.astype(sdt)
-
-
-def _pad_kind(pad: object, sdt: np.dtype[Any], what: str, fn: str) -> None:
-    to = jax.dtypes.result_type(sdt, pad)
-    if to != sdt:
-        raise TypeError(f"{fn}: {what} would promote src's dtype {sdt.name} to {to.name}, as "
-                        "jnp.result_type does, and the result keeps src's dtype; pass a pad of "
-                        "src's kind, or cast src")
-
-
-def _check_bounds(check_bounds: object, fn: str) -> bool:
-    """check_bounds as a bool: it picks the kernel's mode while tracing, so it must be
-    static, a Python bool (numpy's bool is taken too)."""
-    if isinstance(check_bounds, (bool, np.bool_)):
-        return bool(check_bounds)
-    if isinstance(check_bounds, jax.Array):
-        what = "a traced value" if isinstance(check_bounds, jax.core.Tracer) else "a jax array"
-        raise TypeError(f"{fn}: check_bounds must be a static Python bool, got {what} "
-                        f"{describe(check_bounds)}; it picks the mode while tracing, so it "
-                        "cannot come from an array (pass a Python bool, e.g. through "
-                        "jax.jit's static_argnames)")
-    raise TypeError(f"{fn}: check_bounds must be a static Python bool, got "
-                    f"{describe(check_bounds)} {check_bounds!r}")
 
 
 def _gather_keys(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
@@ -393,8 +168,9 @@ def _gather_keys(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: 
     data = jax.random.key_data(src)
     k = data.shape[-1]
     key_bytes = k * data.dtype.itemsize
-    _align_bytes(align_bytes, key_bytes, f"one key's size {key_bytes} bytes ({src.dtype})", fn)
-    d = _static_int(dim)
+    _args.checked_align_bytes(align_bytes, key_bytes,
+                              f"one key's size {key_bytes} bytes ({src.dtype})", fn)
+    d = _args.static_int(dim)
     if src.ndim < 2 or d is None or not 0 <= d < src.ndim - 1:
         try:  # the usual dim errors, told in terms of the key array
             jax.eval_shape(lambda: gather(jnp.zeros(src.shape, np.uint8), offsets, dim, index))
@@ -413,23 +189,24 @@ def _gather_keys(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: 
 def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad: Aval, *,
                           dim: int, row_len: int, check_bounds: bool, nbatch: int,
                           impl: str) -> Aval:
+    prim = _names.GATHER.primitive
     bshape = _rows.batch_shape((src, offsets, index, num, pad), nbatch)
     sshape = src.shape[nbatch:]
     for name, a, r in (("src", src, len(sshape)), ("offsets", offsets, 1), ("index", index, 1),
                        ("num_indices", num, 0), ("pad_value", pad, 0)):
-        _rows.check_batch(_names.GATHER.primitive, name, a, bshape, nbatch, r)
+        _rows.check_batch(prim, name, a, bshape, nbatch, r)
     if (offsets.shape[-1] != dim + 1 or offsets.dtype not in (np.int32, np.int64)
             or num.dtype not in (np.int32, np.int64)):
-        raise TypeError("jax_ext_gather: offsets/num_indices must be int32/int64 of the right "
+        raise TypeError(f"{prim}: offsets/num_indices must be int32/int64 of the right "
                         "length")
-    if pad.dtype != src.dtype or not _is_int_dtype(index.dtype):
-        raise TypeError(f"jax_ext_gather: bad dtypes src {src.dtype}, pad {pad.dtype}, "
+    if pad.dtype != src.dtype or not _args.is_int_dtype(index.dtype):
+        raise TypeError(f"{prim}: bad dtypes src {src.dtype}, pad {pad.dtype}, "
                         f"index {index.dtype}")
     n = index.shape[-1]
     shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
     avals = (src, offsets, index, num, pad)
     ss = _compat.spec_entries(src)[nbatch:]
-    spec = _lowering.merge_specs("jax_ext_gather", _rows.batch_spec_candidates(avals, bshape) + [
+    spec = _lowering.merge_specs(prim, _rows.batch_spec_candidates(avals, bshape) + [
         [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
         [ss[-1]] if sshape[-1] == row_len else []])
     return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
@@ -560,7 +337,7 @@ def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any
                    row_len: int, check_bounds: bool, nbatch: int,
                    impl: str) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if not (_lowering.native_dtype_ok(avals[0].dtype)
+    if not (_lowering.native_dtype_ok(avals[0].dtype, _names.GATHER)
             and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
         return None
     # The kernel reads every size from the buffers (static or symbolic alike).

@@ -27,12 +27,16 @@ Factors = tuple[list[list[str]], list[str], tuple[str, ...]]
 Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
 
 # Dtypes narrower than a byte are packed in XLA buffers; the byte-moving kernels do not
-# handle them, so they always take the lax path.
-_SUB_BYTE = {"int2", "uint2", "int4", "uint4", "float4_e2m1fn"}
+# handle them, so they always take the lax path (IsSubByte in xla_ffi/dispatch.h refuses
+# them; tests/test_tables.py ties the two lists).
+SUB_BYTE = frozenset({"int1", "uint1", "int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
 
 
-def native_dtype_ok(dtype: DTypeLike) -> bool:
-    return np.dtype(dtype).name not in _SUB_BYTE
+def native_dtype_ok(dtype: DTypeLike, spec: _names.OpSpec | None = None) -> bool:
+    """Can a kernel take an operand of `dtype`: whole bytes, and where `spec` is given,
+    a dtype its kernel computes with (OpSpec.native_dtypes)?"""
+    name = np.dtype(dtype).name
+    return name not in SUB_BYTE and (spec is None or spec.native_dtype(name))
 
 
 def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
@@ -124,8 +128,6 @@ def _partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-    # `raw` exists only where jax has custom_partitioning (see register).
-    assert _compat.custom_partitioning is not None
     fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
 
     def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -189,7 +191,7 @@ _shard_local_p.def_abstract_eval(_shard_local_abstract_eval)
 _compat.register_lowering(_shard_local_p, _shard_local_lowering, cacheable=False)
 
 
-def register(prim: _compat.Primitive, names: _names.OpNames, lax_impl: Callable[..., Any],
+def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[..., Any],
              native_rule: NativeRule, *, inspects_operands: bool = False,
              spmd: Spmd | None = None, partition_lax: bool = False) -> None:
     """Lowerings for `prim` (the op `names`): `lax_impl` (a jax function of the operands
@@ -263,11 +265,11 @@ def register(prim: _compat.Primitive, names: _names.OpNames, lax_impl: Callable[
     _register_rules(prim, op, cpu_rule, lax_rule)
 
 
-def kernel_limit(names: _names.OpNames, ctx: Ctx, params: Mapping[str, Any]) -> str | None:
+def kernel_limit(names: _names.OpSpec, ctx: Ctx, params: Mapping[str, Any]) -> str | None:
     """Why the native kernels cannot take this call, or None: their index state holds at
-    most MAX_RANK dims. Gather and scatter-add walk `nbatch` leading batch dims and the
-    rest of each operand apart, each up to the limit; select walks the result with size-1
-    dims dropped (the kernel's collapse), so only other dims count."""
+    most MAX_RANK dims. A "batched" kernel walks `nbatch` leading batch dims and the rest
+    of each operand apart, each up to the limit; a "collapsed" one walks the result with
+    size-1 dims dropped, so only other dims count (OpSpec.walk)."""
     limit = _native.MAX_RANK
     avals: list[Aval] = list(ctx.avals_in) + list(ctx.avals_out)
     labels = names.operands + ("the result",) * len(ctx.avals_out)
@@ -277,7 +279,7 @@ def kernel_limit(names: _names.OpNames, ctx: Ctx, params: Mapping[str, Any]) -> 
                 f"{limit}")
     counted: list[tuple[int, str, Aval, str]] = []
     for name, a in zip(labels, avals):
-        if "nbatch" in params:
+        if names.walk == "batched":
             n, what = len(a.shape) - nbatch, f"past its {nbatch} batch dims"
         else:
             n = sum(1 for d in a.shape if not (isinstance(d, (int, np.integer)) and d == 1))
@@ -334,7 +336,7 @@ def definitely_zero(d: object) -> bool:
     """d == 0 for an int or a symbolic dimension (False when it cannot be decided)."""
     try:
         return bool(d == 0)
-    except Exception:
+    except jax.errors.InconclusiveDimensionOperation:
         return False
 
 

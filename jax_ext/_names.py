@@ -1,9 +1,9 @@
-"""Every name jax_ext gives to jax and XLA, written once.
+"""Every name jax_ext gives to jax and XLA, and what it knows about each op, written once.
 
 A name here is part of what users and serialized programs see: primitive names appear in
 jaxprs, FFI target names in exported programs (``jax.export``), operand names in messages
 and in :func:`jax_ext.explain`. ``tests/test_names.py`` checks the targets against what the
-compiled module registers.
+compiled module registers, ``tests/test_tables.py`` the tables the C++ holds as well.
 """
 from __future__ import annotations
 
@@ -16,22 +16,48 @@ IMPLEMENTATIONS: tuple[ImplementationName, ...] = ("auto", "native", "lax")
 IMPL_ENV = "JAX_EXT_IMPL"
 
 
+# How a kernel walks its operands, which sets what counts against its rank limit
+# (_lowering.kernel_limit): "collapsed" walks the result with its size-1 dims dropped;
+# "batched" walks `nbatch` leading batch dims (a static param) and the rest of each operand
+# apart.
+Walk = Literal["collapsed", "batched"]
+
+
 @dataclass(frozen=True)
-class OpNames:
-    """The names of one operation.
+class OpSpec:
+    """Everything jax_ext knows about one operation, in one place: the lowering, auto, the
+    cost model, the native dtype support and the tests read it here.
 
     Attributes:
-        op: the operation as :func:`jax_ext.explain` reports it.
-        primitive: the jax primitive's name.
+        op: the operation as :func:`jax_ext.explain` reports it, and the name of its
+            section in ``auto/costs.json`` and of its estimator in ``auto/model.py``.
+        primitive: the jax primitive's name (also what its error messages start with).
         operands: the primitive's operands, in order (messages and explain name them so).
         targets: every FFI target name released for it, oldest first. A released target
             keeps its operands and attributes forever (exported programs name it); a
             change gets a new name. The lowering emits the last.
+        module: the Python module with its front-end and the primitive's rules.
+        source: its C++ file in ``xla_ffi/``.
+        walk: how the kernel walks its operands (see ``Walk``).
+        fused_operands: the operands whose producers auto looks at (small ones -- scalars,
+            broadcast rows, index vectors -- are read from memory on both sides at little
+            cost).
+        lax_fuses: whether XLA fuses the lax path with its neighbours (XLA's scatter
+            neither fuses nor is fused away, so producers and consumers cost both sides
+            alike).
+        native_dtypes: the dtype names of the first operand the kernel computes with, or
+            None where it only moves bytes (every whole-byte dtype). Others take lax.
     """
     op: str
     primitive: str
     operands: tuple[str, ...]
     targets: tuple[str, ...]
+    module: str
+    source: str
+    walk: Walk
+    fused_operands: tuple[str, ...]
+    lax_fuses: bool = True
+    native_dtypes: frozenset[str] | None = None
 
     @property
     def target(self) -> str:
@@ -44,16 +70,32 @@ class OpNames:
         native one, and the lax one (see _lowering.register)."""
         return (self.primitive + "_shard", self.primitive + "_shard_lax")
 
+    def native_dtype(self, dtype_name: str) -> bool:
+        """Does the kernel compute with this dtype of its first operand?"""
+        return self.native_dtypes is None or dtype_name in self.native_dtypes
 
-SELECT = OpNames("select", "jax_ext_select", ("cond", "x", "y"),
-                 ("jax_ext_select_v1", "jax_ext_select_v2"))
-GATHER = OpNames("gather", "jax_ext_gather",
-                 ("src", "offsets", "index", "num_indices", "pad_value"),
-                 ("jax_ext_gather_v1", "jax_ext_gather_v2"))
-SCATTER_ADD = OpNames("scatter_add", "jax_ext_scatter_add",
-                      ("cotangent", "offsets", "index", "num_indices"),
-                      ("jax_ext_scatter_add_v1", "jax_ext_scatter_add_v2"))
-OPS: tuple[OpNames, ...] = (SELECT, GATHER, SCATTER_ADD)
+
+SELECT = OpSpec("select", "jax_ext_select", ("cond", "x", "y"),
+                ("jax_ext_select_v1", "jax_ext_select_v2"),
+                module="jax_ext._select", source="select.cc", walk="collapsed",
+                fused_operands=("cond", "x", "y"))
+GATHER = OpSpec("gather", "jax_ext_gather",
+                ("src", "offsets", "index", "num_indices", "pad_value"),
+                ("jax_ext_gather_v1", "jax_ext_gather_v2"),
+                module="jax_ext._gather", source="gather.cc", walk="batched",
+                fused_operands=("src",))
+# The scatter-add adds: its dtypes are the cases of DispatchAccumulate in scatter_add.cc
+# (tests/test_tables.py ties the two).
+SCATTER_ADD = OpSpec("scatter_add", "jax_ext_scatter_add",
+                     ("cotangent", "offsets", "index", "num_indices"),
+                     ("jax_ext_scatter_add_v1", "jax_ext_scatter_add_v2"),
+                     module="jax_ext._scatter_add", source="scatter_add.cc", walk="batched",
+                     fused_operands=(), lax_fuses=False,
+                     native_dtypes=frozenset({
+                         "float32", "float64", "complex64", "complex128", "float16",
+                         "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                         "uint32", "uint64"}))
+OPS: tuple[OpSpec, ...] = (SELECT, GATHER, SCATTER_ADD)
 
 # One shard's computation of a partitioned call (_lowering: lowered by jax_ext itself).
 SHARD_LOCAL = "jax_ext_shard_local"

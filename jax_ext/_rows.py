@@ -61,7 +61,7 @@ def rows(offsets: jax.Array, index: jax.Array, num: jax.Array, *, sshape: Sequen
     for pad rows. Exact 64-bit arithmetic, like the kernel's 128-bit one; `row` is then
     narrowed to the index dtype of row_dtype."""
     n = index.shape[-1]
-    wide = offsets.dtype  # the carrier: int64, or int32 without jax_enable_x64
+    wide = offsets.dtype  # the default integer type: int64, or int32 without jax_enable_x64
     ok = jnp.ones(offsets.shape[:-1], bool)
     p = jnp.zeros(offsets.shape[:-1], wide)
     for k in range(dim):

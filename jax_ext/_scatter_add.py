@@ -33,11 +33,12 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
                            check_bounds: bool, nbatch: int, impl: str) -> Aval:
     bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
-        raise ValueError(f"jax_ext_scatter_add: out_bshape {out_bshape} vs batch {bshape}")
+        raise ValueError(f"{_names.SCATTER_ADD.primitive}: out_bshape {out_bshape} vs batch "
+                         f"{bshape}")
     avals = (ct, offsets, index, num)
     cs = _compat.spec_entries(ct)[nbatch:]
     bspec = _rows.batch_spec_candidates(avals, bshape)
-    spec = _lowering.merge_specs("jax_ext_scatter_add", [
+    spec = _lowering.merge_specs(_names.SCATTER_ADD.primitive, [
         c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
         []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
         [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
@@ -46,6 +47,8 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
 
 
 def _acc_dtype(dt: DTypeLike) -> np.dtype[Any]:
+    """The dtype the sums are formed in (as the kernel's DispatchAccumulate in
+    scatter_add.cc; tests/test_tables.py ties the two)."""
     dt = np.dtype(dt)
     if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
         return np.dtype(np.float32)  # float16/bfloat16/float8 accumulate in float32
@@ -108,17 +111,12 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
     return out
 
 
-_NATIVE_SCATTER = {np.dtype(t) for t in (
-    np.float32, np.float64, np.complex64, np.complex128, np.float16, jnp.bfloat16,
-    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)}
-
-
 def _scatter_native(ctx: _lowering.Ctx, ct: ir.Value[Any], offsets: ir.Value[Any],
                     index: ir.Value[Any], num: ir.Value[Any], *, dim: int,
                     src_shape: Sequence[int], out_bshape: Sequence[int], check_bounds: bool,
                     nbatch: int, impl: str) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if (np.dtype(avals[0].dtype) not in _NATIVE_SCATTER
+    if (not _lowering.native_dtype_ok(avals[0].dtype, _names.SCATTER_ADD)
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
     # The kernel reads every size from the buffers, the result's included.

@@ -324,16 +324,17 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
 
 def _abstract_eval(cond: Aval, x: Aval, y: Aval, *, out_shape: Sequence[int],
                    dims: Sequence[Sequence[int]], impl: str, api: str) -> Aval:
+    prim = _names.SELECT.primitive
     for name, a, d in zip(("cond", "x", "y"), (cond, x, y), dims):
         if len(d) != a.ndim or len(set(d)) != len(d) or any(
                 not 0 <= o < len(out_shape) or a.shape[j] not in (1, out_shape[o])
                 for j, o in enumerate(d)):
-            raise ValueError(f"jax_ext_select: {name} {_fmt(a.shape)} does not map onto "
+            raise ValueError(f"{prim}: {name} {_fmt(a.shape)} does not map onto "
                              f"{_fmt(out_shape)} with dims {d}")
     if cond.dtype != np.bool_ or x.dtype != y.dtype:
-        raise TypeError(f"jax_ext_select: bad dtypes cond {cond.dtype}, x {x.dtype}, y {y.dtype}")
+        raise TypeError(f"{prim}: bad dtypes cond {cond.dtype}, x {x.dtype}, y {y.dtype}")
     avals = (cond, x, y)
-    spec = _lowering.merge_specs("jax_ext_select", [
+    spec = _lowering.merge_specs(prim, [
         [_compat.spec_entries(a)[j] for a, d in zip(avals, dims) for j, o2 in enumerate(d)
          if o2 == o and a.shape[j] == n] for o, n in enumerate(out_shape)])
     return _compat.typed_result(avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
@@ -345,7 +346,7 @@ def _native_lowering(ctx: _lowering.Ctx, cond: ir.Value[Any], x: ir.Value[Any],
                      dims: Sequence[Sequence[int]], impl: str, api: str,
                      donated: Sequence[bool] = (False,) * 3) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if not _lowering.native_dtype_ok(avals[1].dtype):
+    if not _lowering.native_dtype_ok(avals[1].dtype, _names.SELECT):
         return None
     # In place: alias x to the result when it is laid out like the result and the caller
     # donated it. Aliasing a buffer that is not donated would make XLA copy it first,
@@ -453,7 +454,7 @@ def _unbroadcast(t: jax.Array, shape: Sequence[int], d: Sequence[int],
 def _transpose(ct: Tangent, cond: Primal, x: Primal, y: Primal, *, out_shape: Sequence[int],
                dims: Sequence[Sequence[int]], impl: str, api: str) -> list[Tangent | None]:
     if _compat.is_undefined_primal(cond):
-        raise ValueError("jax_ext_select is not linear in its condition")
+        raise ValueError(f"{_names.SELECT.primitive} is not linear in its condition")
     outs: list[Tangent | None] = [None]
     for k, arg in ((1, x), (2, y)):
         if not _compat.is_undefined_primal(arg):

@@ -5,6 +5,11 @@ import tempfile
 
 import jax
 
+# Strict mode (its children included): a fallback of jax_ext raises instead of quietly
+# changing behaviour (jax_ext._compat.fallback), so a jax release that moves what one
+# relies on fails here. Set before jax_ext is imported; CI runs this suite.
+os.environ["JAX_EXT_STRICT"] = "1"
+
 # The suite (its children included) never reads or writes the user's tuning cache; each
 # pytest process (xdist's workers too) removes its own folder when it exits.
 os.environ["JAX_EXT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_ext_test_cache_")

@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from jax_ext import _names
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "jax_ext")
 FFI = os.path.join(ROOT, "xla_ffi")
@@ -19,8 +21,8 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(FFI), reason="needs the source
 # Layers, outermost first: a module may import its own layer's modules or lower ones.
 LAYERS = [
     {"jax_ext", "jax_ext.bench", "jax_ext.bench.*", "jax_ext.onnx", "jax_ext.onnx.*"},
-    {"jax_ext._select", "jax_ext._gather", "jax_ext._scatter_add"},
-    {"jax_ext._rows", "jax_ext._lowering", "jax_ext._primitives"},
+    {o.module for o in _names.OPS},  # an op's front-end and rules
+    {"jax_ext._rows", "jax_ext._lowering", "jax_ext._primitives", "jax_ext._gather_args"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},
     {"jax_ext._common", "jax_ext._config", "jax_ext._compat", "jax_ext._names",
      "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext", "jax_ext._build_info"},

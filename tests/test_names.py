@@ -35,3 +35,24 @@ def test_explain_names_ops_and_implementations_from_the_table():
     for name in _names.IMPLEMENTATIONS:
         with jax_ext.implementation(name):
             pass
+
+
+def test_every_op_spec_names_its_files_and_its_estimator():
+    """An op is its spec entry, its Python module, its C++ file and its estimator: each
+    named in the spec exists, and nothing else is looked up by the op's name."""
+    import importlib
+    import os
+    from jax_ext.auto import costs, model
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert sorted(model.ESTIMATORS) == sorted(o.op for o in _names.OPS)
+    for o in _names.OPS:
+        mod = importlib.import_module(o.module)
+        assert mod.__name__ == o.module
+        if os.path.isdir(os.path.join(root, "xla_ffi")):
+            assert os.path.isfile(os.path.join(root, "xla_ffi", o.source)), o.source
+        assert set(o.fused_operands) <= set(o.operands), o
+        assert o.walk in ("collapsed", "batched")
+        assert hasattr(costs.shipped(), o.op), f"costs.json has no section {o.op}"
+        if o.native_dtypes is not None:
+            import jax.numpy as jnp
+            assert all(jnp.dtype(n).name == n for n in o.native_dtypes)

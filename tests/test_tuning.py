@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from jax_ext.auto import tuning
+from jax_ext.auto import search, stats, store, tuning
 from references import assert_bits_equal
 
 
@@ -40,14 +40,14 @@ class FakeClock:
 def test_median_interval_is_the_binomial_order_statistic_interval():
     # n = 10: P(B <= 1) = 11/1024 < 0.025 < P(B <= 2) = 56/1024: the 2nd and 9th values
     xs = [float(v) for v in range(10)]
-    assert tuning.median_interval(xs) == (1.0, 8.0)
+    assert stats.median_interval(xs) == (1.0, 8.0)
     # too few values to say anything at 95%
-    assert tuning.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == (-math.inf, math.inf)
+    assert stats.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == (-math.inf, math.inf)
     # coverage by brute force: the interval covers the median of the distribution in at
     # least 95% of samples
     rng = np.random.default_rng(0)
     hits = sum(lo <= 0.0 <= hi for lo, hi in (
-        tuning.median_interval(rng.standard_normal(15).tolist()) for _ in range(2000)))
+        stats.median_interval(rng.standard_normal(15).tolist()) for _ in range(2000)))
     assert hits / 2000 >= 0.95
 
 
@@ -68,7 +68,7 @@ def _pairs(ratio, noise, clock, seed=0, call_s=1e-3):
                                         (1.3, "not better")])
 def test_compare_settles_clear_differences_early(ratio, want):
     clock = FakeClock()
-    c = tuning.compare(_pairs(ratio, 0.05, clock), min_gain=0.03, deadline=1e9, clock=clock)
+    c = stats.compare(_pairs(ratio, 0.05, clock), min_gain=0.03, deadline=1e9, clock=clock)
     assert c.verdict == want and c.rounds < 12, c
     assert c.ratio == pytest.approx(ratio, rel=0.1)
 
@@ -77,11 +77,11 @@ def test_compare_within_noise_is_undecided_and_bounded():
     """A gain of about the minimum, buried in noise: no verdict, at most max_pairs rounds;
     with a deadline, no more than the minimum once it has passed."""
     clock = FakeClock()
-    c = tuning.compare(_pairs(0.97, 0.3, clock, seed=1), min_gain=0.03, deadline=1e9,
+    c = stats.compare(_pairs(0.97, 0.3, clock, seed=1), min_gain=0.03, deadline=1e9,
                        clock=clock)
     assert c.verdict == "undecided" and c.rounds == 40, c
     clock = FakeClock()
-    c = tuning.compare(_pairs(0.97, 0.3, clock, seed=1), min_gain=0.03, deadline=0.0,
+    c = stats.compare(_pairs(0.97, 0.3, clock, seed=1), min_gain=0.03, deadline=0.0,
                        clock=clock)
     assert c.rounds == 6
 
@@ -90,12 +90,12 @@ def test_compare_out_of_rounds_lets_a_clear_median_decide():
     """A large gain in heavy noise leaves the interval open after max_pairs rounds: the
     median decides ("likely better"), and the search keeps the switch."""
     clock = FakeClock()
-    c = tuning.compare(_pairs(0.75, 0.6, clock, seed=3), min_gain=0.03, deadline=1e9,
+    c = stats.compare(_pairs(0.75, 0.6, clock, seed=3), min_gain=0.03, deadline=1e9,
                        clock=clock)
     assert c.verdict == "likely better" and c.rounds == 40 and c.ratio < 0.94, c
-    site = tuning.Site("k", "gather", "f.py:1", "lax", 1e-3)
-    now, results = tuning.search(
-        [site], lambda a, b: c if a != b else tuning.Comparison("undecided", 0.9, 1, 0.9, 40),
+    site = search.Tunable("k", "gather", "f.py:1", "lax", 1e-3)
+    now, results = search.search(
+        [site], lambda a, b: c if a != b else stats.Comparison("undecided", 0.9, 1, 0.9, 40),
         deadline=1e9, clock=clock)
     assert now == {"k": "native"} and "not settled" in str(results[0]), results
 
@@ -122,12 +122,12 @@ def _measure(time, clock, noise=0.02, seed=0):
             tb = time(b) * math.exp(noise * rng.standard_normal())
             clock.t += ta + tb
             return ta, tb
-        return tuning.compare(pair, min_gain=0.03, deadline=1e9, clock=clock)
+        return stats.compare(pair, min_gain=0.03, deadline=1e9, clock=clock)
     return measure
 
 
 def _sites(*specs):
-    return [tuning.Site(k, "gather", f"f.py:{n}", impl, stake)
+    return [search.Tunable(k, "gather", f"f.py:{n}", impl, stake)
             for n, (k, impl, stake) in enumerate(specs)]
 
 
@@ -137,7 +137,7 @@ def test_search_keeps_the_flips_that_pay_and_only_those():
              "c": {"native": 0.3e-3, "lax": 0.31e-3}}  # a tie: the model's choice stays
     clock = FakeClock()
     sites = _sites(("a", "lax", 1e-4), ("b", "lax", 3e-4), ("c", "native", 0.0))
-    final, results = tuning.search(sites, _measure(_program(costs), clock), 1e9, clock)
+    final, results = search.search(sites, _measure(_program(costs), clock), 1e9, clock)
     assert final == {"a": "native", "b": "lax", "c": "native"}
     by = {r.key: r for r in results}
     assert [r.key for r in results] == ["b", "a", "c"]  # the largest stake first
@@ -159,19 +159,19 @@ def test_search_gives_up_a_combination_that_is_not_faster():
     def measure(inc, cand):
         seen.append((inc, cand))
         if inc == start and cand == {"a": "native", "b": "native"}:  # the confirmation
-            return tuning.Comparison("not better", 1.05, 1e-3, 1.05e-3, 12)
-        return tuning.Comparison("better", 0.8, 1e-3, 0.8e-3, 7)
-    final, results = tuning.search(sites, measure, 1e9, clock)
+            return stats.Comparison("not better", 1.05, 1e-3, 1.05e-3, 12)
+        return stats.Comparison("better", 0.8, 1e-3, 0.8e-3, 7)
+    final, results = search.search(sites, measure, 1e9, clock)
     assert final == start and len(seen) == 3
     assert [r.impl for r in results] == ["lax", "lax"]
     assert all(r.verdict == "kept: the combination was not faster" for r in results)
     # a combination that holds up is kept
-    final, _ = tuning.search(sites, _measure(_program(
+    final, _ = search.search(sites, _measure(_program(
         {"a": {"native": 0.0, "lax": 0.5e-3}, "b": {"native": 0.0, "lax": 0.5e-3}}), clock),
         1e9, clock)
     assert final == {"a": "native", "b": "native"}
     # and one whose second flip loses to an interaction never takes it
-    final, _ = tuning.search(sites, _measure(_program(
+    final, _ = search.search(sites, _measure(_program(
         {"a": {"native": 0.0, "lax": 0.5e-3}, "b": {"native": 0.0, "lax": 0.5e-3}},
         interaction=2e-3), clock), 1e9, clock)
     assert final == {"a": "native", "b": "lax"}
@@ -182,7 +182,7 @@ def test_search_stops_at_the_deadline():
     clock = FakeClock()
     sites = _sites(("a", "lax", 3), ("b", "lax", 2), ("c", "lax", 1))
     measure = _measure(_program(costs), clock)
-    final, results = tuning.search(sites, measure, deadline=0.02, clock=clock)
+    final, results = search.search(sites, measure, deadline=0.02, clock=clock)
     timed = [r for r in results if r.rounds]
     assert 1 <= len(timed) < 3 and clock.t < 0.1
     assert all(r.verdict == "not timed: out of time" and r.impl == "lax"
@@ -254,17 +254,17 @@ def test_tune_with_the_cache_off_measures_but_stores_nothing(monkeypatch, cache)
 
 
 def test_cache_is_per_machine_and_survives_a_bad_file(cache):
-    store = tuning.Store(str(cache))
-    t = tuning.Tuned("native", 1e-3, 2e-3, 9)
-    store.update("machine A", {"site-1": t})
-    store.update("machine B", {"site-1": tuning.Tuned("lax", 3e-3, 1e-3, 7)})
-    again = tuning.Store(str(cache))
+    cached = store.Store(str(cache))
+    t = store.Tuned("native", 1e-3, 2e-3, 9)
+    cached.update("machine A", {"site-1": t})
+    cached.update("machine B", {"site-1": store.Tuned("lax", 3e-3, 1e-3, 7)})
+    again = store.Store(str(cache))
     assert again.sites("machine A") == {"site-1": t}
     assert again.sites("machine B")["site-1"].impl == "lax" and again.sites("C") == {}
     cache.write_text("{not json")
-    assert tuning.Store(str(cache)).sites("machine A") == {}
+    assert store.Store(str(cache)).sites("machine A") == {}
     cache.write_text(json.dumps({"format": 99, "machines": {}}))
-    assert tuning.Store(str(cache)).machines == {}
+    assert store.Store(str(cache)).machines == {}
 
 
 def test_environment_turns_the_cache_off_in_a_fresh_process(tmp_path):
@@ -275,8 +275,8 @@ def test_environment_turns_the_cache_off_in_a_fresh_process(tmp_path):
     fn, args = _gather_program()
     (d,) = jax_ext.explain(fn, *args)
     flipped = "lax" if d.impl == "native" else "native"
-    store = tuning.Store(str(tmp_path / "c" / "tuning.json"))
-    store.update(tuning.machine_key(), {d.site: tuning.Tuned(flipped, 1e-3, 1e-3, 6)})
+    cached = store.Store(str(tmp_path / "c" / "tuning.json"))
+    cached.update(store.machine_key(), {d.site: store.Tuned(flipped, 1e-3, 1e-3, 6)})
     code = textwrap.dedent("""
         import numpy as np, jax, jax.numpy as jnp
         jax.config.update("jax_enable_x64", True)  # as the suite runs: the same types

@@ -18,33 +18,27 @@ from .model import Choice
 
 __all__ = ["Choice", "choose"]
 
-# The operands whose producers matter per op (small ones -- scalars, broadcast rows, index
-# vectors -- are read from memory on both sides at little cost). XLA's scatter neither
-# fuses nor is fused away, so the scatter-add reads none.
-_BIG = {"select": ("cond", "x", "y"), "gather": ("src",), "scatter_add": ()}
-
-
-def choose(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any],
+def choose(op: _names.OpSpec, prim: Any, ctx: Any, args: Sequence[Any],
            params: dict[str, Any]) -> Choice:
     """auto's choice at the call site being lowered (`ctx`, with MLIR values `args`)."""
-    site = analysis.site(op.op, prim, ctx, args, params, op.operands, _BIG[op.op])
+    site = analysis.site(op.op, prim, ctx, args, params, op.operands, op.fused_operands)
     if site is None:
         return _symbolic(op, prim, ctx, args)
-    estimate = model.decide(site, costs.shipped(), ctx, params)
+    estimate = model.decide(op, site, costs.shipped(), ctx, params)
     measured = tuning.lookup(site.key)  # a stored measurement wins over the estimate
     if measured is None:
         return estimate
     return dataclasses.replace(estimate, native=measured.native, reason=measured.reason)
 
 
-def _symbolic(op: _names.OpNames, prim: Any, ctx: Any, args: Sequence[Any]) -> Choice:
+def _symbolic(op: _names.OpSpec, prim: Any, ctx: Any, args: Sequence[Any]) -> Choice:
     """Symbolic shapes (jax.export): no estimate; the kernel where nothing fuses."""
-    if op.op == "scatter_add":
+    if not op.lax_fuses:
         return Choice(True, "a size known only at run time; XLA's scatter does not fuse "
                       "either")
     stack = _compat.enclosing_equations()
     for name, aval, v in zip(op.operands, ctx.avals_in, args):
-        if aval.ndim == 0 or name not in _BIG[op.op]:
+        if aval.ndim == 0 or name not in op.fused_operands:
             continue
         mem, what = analysis.producer(v, stack)
         if not mem:

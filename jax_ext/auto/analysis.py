@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import numpy as np
+
 from .. import _compat, _names
 
 ir = _compat.ir
@@ -43,17 +46,18 @@ def _moves_only_size1(perm: Sequence[int], shape: Sequence[int]) -> bool:
 def _free_view(op: Any, name: str) -> bool:
     """A broadcast_in_dim that adds only size-1 dims (the batch dim jax_ext's own batching
     rules insert), or a transpose of size-1 dims: the same bytes, in the same order."""
+    if name not in ("stablehlo.broadcast_in_dim", "stablehlo.transpose"):
+        return False
     try:
         src = ir.RankedTensorType(op.operands[0].type)
         dst = ir.RankedTensorType(op.results[0].type)
         if name == "stablehlo.broadcast_in_dim":
-            return math.prod(src.shape) == math.prod(dst.shape)
-        if name == "stablehlo.transpose":
-            perm = [int(p) for p in ir.DenseI64ArrayAttr(op.attributes["permutation"])]
-            return _moves_only_size1(perm, src.shape)
-    except Exception:
-        pass
-    return False
+            return bool(math.prod(src.shape) == math.prod(dst.shape))
+        perm = [int(p) for p in ir.DenseI64ArrayAttr(op.attributes["permutation"])]
+        return _moves_only_size1(perm, src.shape)
+    except Exception as e:
+        _compat.fallback(f"{name} could not be read from the IR: not a free view", e)
+        return False
 
 # jaxpr primitives that read their operands from memory whatever produced them, so a
 # native result feeding them costs nothing extra.
@@ -62,10 +66,9 @@ _OPAQUE_CONSUMERS = frozenset({
     "scatter_mul", "scatter_min", "scatter_max", "while", "cond", "scan", "fft", "ffi_call",
     "custom_call", "cholesky", "triangular_solve", "lu", "qr", "eigh", "svd",
 }) | _names.PRIMITIVES
-# Reductions that XLA:CPU (jaxlib 0.10.2) runs as a YNNPACK fusion reading its operand from
-# memory, for these operand dtypes: the producer is materialized by XLA itself, so a native
-# result feeding them costs nothing extra (checked in the compiled HLO: a kLoop fusion
-# writing the operand, then a kCustom __ynn_fusion; other dtypes fuse into a kLoop).
+# Reductions that XLA:CPU (jaxlib 0.10.2) runs from memory, for these operand dtypes: XLA
+# materializes their operand itself, so a native result feeding them costs nothing extra
+# (docs/performance.md says where this shows in the compiled program).
 _MEMORY_REDUCTIONS = {
     "reduce_sum": {"float32", "float64"},
     "reduce_max": {"float16", "bfloat16", "float32", "float64"},
@@ -151,6 +154,8 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
             return (not splat), "constant"
         return False, name.removeprefix("stablehlo.")
     except Exception as e:  # any surprise in the IR: assume it would fuse
+        _compat.fallback("an operand's producer could not be read from the IR: auto "
+                         "assumes it would fuse", e)
         return False, f"unknown ({type(e).__name__})"
 
 
@@ -161,7 +166,7 @@ def _type_bytes(t: Any) -> int:
         try:
             width = int(cls(et).width)
             break
-        except Exception:
+        except ValueError:  # not of that class
             continue
     else:
         width = 32
@@ -173,12 +178,19 @@ def producer_reads(value: Any) -> int:
     operands, less broadcasts, iotas and constants (computed in the loop). Materializing
     `value` for a native call re-reads them, where one fused loop read them once."""
     try:
-        op = value.owner
+        v = value
         for _ in range(8):  # look through views to the op that computes
+            if isinstance(v, ir.BlockArgument):
+                return 0  # a view of an argument: no loop here computes it
+            op = v.owner
             name = op.operation.name if hasattr(op, "operation") else op.name
             if name not in _VIEW_OPS and not _free_view(op, name):
                 break
-            op = op.operands[0].owner
+            v = op.operands[0]
+        else:
+            if isinstance(v, ir.BlockArgument):
+                return 0
+            op = v.owner
         total = 0
         for v in op.operands:
             src = v.owner
@@ -188,7 +200,9 @@ def producer_reads(value: Any) -> int:
                 continue
             total += _type_bytes(v.type)
         return total
-    except Exception:  # an unknown shape of IR: count nothing extra
+    except Exception as e:  # an unknown shape of IR: count nothing extra
+        _compat.fallback("what a fusible producer reads could not be read from the IR: "
+                         "auto counts nothing extra", e)
         return 0
 
 
@@ -208,17 +222,17 @@ def _free_view_eqn(e: Any) -> bool:
     """A jaxpr equation that only relabels its operand: reshape, squeeze, expand_dims, a
     broadcast_in_dim adding size-1 dims, a transpose of size-1 dims."""
     name = e.primitive.name
+    if name in ("reshape", "squeeze", "expand_dims"):
+        return True
+    if name not in ("broadcast_in_dim", "transpose"):
+        return False
+    a, b = e.invars[0].aval, e.outvars[0].aval
+    if name == "transpose":
+        return _moves_only_size1(e.params["permutation"], a.shape)
     try:
-        a, b = e.invars[0].aval, e.outvars[0].aval
-        if name in ("reshape", "squeeze", "expand_dims"):
-            return True
-        if name == "broadcast_in_dim":
-            return bool(math.prod(a.shape) == math.prod(b.shape))
-        if name == "transpose":
-            return _moves_only_size1(e.params["permutation"], a.shape)
-    except Exception:
-        pass
-    return False
+        return bool(math.prod(a.shape) == math.prod(b.shape))
+    except jax.errors.InconclusiveDimensionOperation:  # symbolic sizes (jax.export)
+        return False
 
 
 def _reads_from_memory(e: Any, var: Any) -> bool:
@@ -285,10 +299,9 @@ def consumers(prim: Any) -> tuple[bool, str]:
 
 def static_nbytes(aval: Any) -> int | None:
     """Bytes of an array, or None when a dimension is symbolic (jax.export)."""
-    try:
-        return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
-    except Exception:
+    if not all(isinstance(d, (int, np.integer)) for d in aval.shape):
         return None
+    return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
 
 
 @dataclass(frozen=True)

@@ -51,15 +51,13 @@ _log = threading.local()
 def _user_frame(ctx: Any) -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
     bench = os.path.join(here, "bench")  # the benchmark's programs are user code
-    try:
-        for fr in ctx.traceback.frames:
-            f = fr.file_name
-            if ((f.startswith(here) and not f.startswith(bench))
-                    or f"{os.sep}jax{os.sep}" in f or f.startswith("<frozen")):
-                continue
-            return f"{os.path.basename(f)}:{fr.line_num}"
-    except Exception:
-        pass
+    # jax gives no traceback when its tracebacks are off
+    for fr in getattr(getattr(ctx, "traceback", None), "frames", None) or ():
+        f = fr.file_name
+        if ((f.startswith(here) and not f.startswith(bench))
+                or f"{os.sep}jax{os.sep}" in f or f.startswith("<frozen")):
+            continue
+        return f"{os.path.basename(f)}:{fr.line_num}"
     return "?"
 
 

@@ -18,10 +18,11 @@ The kernel runs where its estimate is below ``native_margin`` times the lax path
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _names
 from .analysis import Site
 from .costs import CostTable
 
@@ -64,7 +65,7 @@ def _materialized_inputs(t: CostTable, site: Site, names: Sequence[str]) -> floa
                for o in site.operands if o.name in names and not o.in_memory)
 
 
-def select(site: Site, t: CostTable) -> tuple[float, float]:
+def select(site: Site, t: CostTable, ctx: Any, nbatch: int) -> tuple[float, float]:
     """(native, lax) seconds for a select."""
     single = site.out_bytes < t.structure.pool_min_bytes
     nat, lax = t.select.native, t.select.lax
@@ -96,10 +97,10 @@ def row_ratio(t: CostTable, out_shape: Sequence[int]) -> float:
     return t.gather.lax.row_ratio[at]
 
 
-def gather(site: Site, t: CostTable, out_shape: Sequence[int], nbatch: int
-           ) -> tuple[float, float]:
+def gather(site: Site, t: CostTable, ctx: Any, nbatch: int) -> tuple[float, float]:
     """(native, lax) seconds for a row gather. Rows: the batch times the index length;
     XLA's gather reads only those rows of src, even of a fused src."""
+    out_shape = ctx.avals_out[0].shape
     rows = math.prod(int(d) for d in out_shape[:nbatch + 1])
     out, g = site.out_bytes, t.gather.native
     small = sum(o.nbytes for o in site.operands if o.name != "src")
@@ -116,11 +117,11 @@ def gather(site: Site, t: CostTable, out_shape: Sequence[int], nbatch: int
     return native_s, lax_s
 
 
-def scatter_add(site: Site, t: CostTable, ct_shape: Sequence[int], nbatch: int
-                ) -> tuple[float, float]:
+def scatter_add(site: Site, t: CostTable, ctx: Any, nbatch: int) -> tuple[float, float]:
     """(native, lax) seconds for a scatter-add (a gather's gradient): judged by the
     zero-filled result as well as the cotangent. XLA's scatter neither fuses nor is fused
     away, so producers and consumers cost both sides alike."""
+    ct_shape = ctx.avals_in[0].shape
     rows = math.prod(int(d) for d in ct_shape[:nbatch + 1])
     ct, out = site.operands[0].nbytes, site.out_bytes
     est = []
@@ -130,24 +131,28 @@ def scatter_add(site: Site, t: CostTable, ct_shape: Sequence[int], nbatch: int
     return est[0], est[1]
 
 
-def estimate(site: Site, t: CostTable, ctx: Any, params: dict[str, Any]
-             ) -> tuple[float, float]:
-    """(native, lax) seconds at `site` (an op of names.OPS)."""
-    nbatch = int(params.get("nbatch", 0))
-    if site.op == "select":
-        return select(site, t)
-    if site.op == "gather":
-        return gather(site, t, ctx.avals_out[0].shape, nbatch)
-    return scatter_add(site, t, ctx.avals_in[0].shape, nbatch)
+# An estimator: (native, lax) seconds at a call site, from its Site, the table, the
+# lowering context (the shapes) and the number of leading batch dims.
+Estimator = Callable[[Site, CostTable, Any, int], tuple[float, float]]
+# One per op, under its OpSpec.op (tests/test_names.py checks that every op has one).
+ESTIMATORS: dict[str, Estimator] = {
+    _names.SELECT.op: select, _names.GATHER.op: gather, _names.SCATTER_ADD.op: scatter_add}
 
 
-def decide(site: Site, t: CostTable, ctx: Any, params: dict[str, Any]) -> Choice:
+def estimate(spec: _names.OpSpec, site: Site, t: CostTable, ctx: Any,
+             params: dict[str, Any]) -> tuple[float, float]:
+    """(native, lax) seconds at `site` of the op `spec`."""
+    return ESTIMATORS[spec.op](site, t, ctx, int(params.get("nbatch", 0)))
+
+
+def decide(spec: _names.OpSpec, site: Site, t: CostTable, ctx: Any,
+           params: dict[str, Any]) -> Choice:
     """The cheaper side by the estimates, within the table's margin."""
-    native, lax = estimate(site, t, ctx, params)
+    native, lax = estimate(spec, site, t, ctx, params)
     notes = site.notes()
-    if site.op == "scatter_add":
-        notes = (f"{site.operands[0].nbytes} cotangent bytes into a {site.out_bytes}-byte "
-                 "zero-filled result")
+    if not spec.lax_fuses:  # what surrounds the call costs both sides alike: the sizes say it
+        notes = (f"{site.operands[0].nbytes} {spec.operands[0]} bytes into a "
+                 f"{site.out_bytes}-byte zero-filled result")
     return Choice(native < lax * t.structure.native_margin,
                   f"est. native {fmt_s(native)} vs lax {fmt_s(lax)}; {notes}", native, lax,
                   site.key)

@@ -11,141 +11,27 @@ cache off: ``auto`` then decides by the cost model alone and :func:`tune` stores
 
 Which choices a program compiles with is part of jit's cache key (the config state
 ``jax_ext_tuning_state``): a call after :func:`tune` compiles again with the new choices.
+
+The cache file is store.py's, the timing statistics stats.py's, the search over call sites
+search.py's; this module holds the state a lowering reads and :func:`tune` itself.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
-import math
-import os
-import platform
-import statistics
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _compat
 from .explain import Decision, recording
-from .model import Choice, fmt_s
-
-_OFF = ("0", "off", "false", "no")
-_FORMAT = 1
-_lock = threading.Lock()
-
-
-# --- where choices live -----------------------------------------------------------------
-
-def enabled_by_env() -> bool:
-    return os.environ.get("JAX_EXT_TUNING", "on").strip().lower() not in _OFF
-
-
-def cache_dir() -> str:
-    """JAX_EXT_CACHE_DIR, else $XDG_CACHE_HOME/jax_ext, else ~/.cache/jax_ext."""
-    d = os.environ.get("JAX_EXT_CACHE_DIR")
-    if d:
-        return d
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "jax_ext")
-
-
-def cache_path() -> str:
-    return os.path.join(cache_dir(), "tuning.json")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for ln in f:
-                if ln.startswith("model name"):
-                    return ln.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-@functools.cache  # looked up at every auto call site's lowering; fixed for the process
-def machine_key() -> str:
-    """What a measured choice holds for: this CPU and core count, these versions."""
-    import jax
-    import jaxlib
-
-    from .._version import __version__
-    return (f"{cpu_model()} x{cores()}; jax {jax.__version__}; jaxlib "
-            f"{getattr(jaxlib, '__version__', '?')}; jax_ext {__version__}")
-
-
-@dataclass(frozen=True)
-class Tuned:
-    """One site's measured choice: the program's median time with the site native and
-    with it lax, over `rounds` alternating pairs of calls."""
-    impl: str
-    native_s: float
-    lax_s: float
-    rounds: int
-
-    def reason(self) -> str:
-        return (f"tuned: {fmt_s(self.native_s)} vs lax {fmt_s(self.lax_s)}, "
-                f"{self.rounds} rounds")
-
-
-class Store:
-    """The cache file: {"format": 1, "machines": {machine_key: {site: Tuned}}}."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.machines: dict[str, dict[str, Tuned]] = self._read()
-
-    def _read(self) -> dict[str, dict[str, Tuned]]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                tree = json.load(f)
-            if tree.get("format") != _FORMAT:
-                return {}
-            return {m: {k: Tuned(**v) for k, v in sites.items()}
-                    for m, sites in tree["machines"].items()}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return {}  # no file yet, or one this version cannot read: start afresh
-
-    def sites(self, machine: str) -> dict[str, Tuned]:
-        return self.machines.get(machine, {})
-
-    def update(self, machine: str, choices: Mapping[str, Tuned]) -> None:
-        """Adds `choices` and writes the file atomically, merged with what another
-        process may have written since it was read."""
-        self.machines = self._read()
-        self.machines.setdefault(machine, {}).update(choices)
-        tree = {"format": _FORMAT, "machines": {m: {k: asdict(v) for k, v in s.items()}
-                                                for m, s in self.machines.items()}}
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(tree, f, indent=1)
-        os.replace(tmp, self.path)
-
-
-_store: Store | None = None
-
-
-def store() -> Store:
-    global _store
-    with _lock:
-        if _store is None or _store.path != cache_path():
-            _store = Store(cache_path())
-        return _store
-
+from .model import Choice
+from .search import SiteResult, Tunable, search
+from .stats import compare
+from .store import Tuned, enabled_by_env, machine_key, store
 
 # --- which choices a lowering sees ------------------------------------------------------
 # The state's value is part of jit's cache key: "off", "on:<generation>" (bumped whenever
@@ -209,154 +95,6 @@ def _bump() -> None:
         _compat.set_tuning_state(f"on:{_generation}")
 
 
-# --- measuring: alternating pairs of calls, a noise-aware stop --------------------------
-
-@dataclass(frozen=True)
-class Comparison:
-    """An incumbent and a candidate timed in alternation. `verdict`: "better" (the
-    candidate is faster by more than the minimum gain, with confidence), "not better"
-    (with confidence, it is not), "likely better" (the limits came first, and the median
-    shows twice the minimum gain) or "undecided" (the limits came first)."""
-    verdict: str
-    ratio: float   # median of candidate / incumbent over the pairs
-    inc_s: float   # median seconds per call
-    cand_s: float
-    rounds: int
-
-
-def median_interval(xs: Sequence[float], alpha: float = 0.05) -> tuple[float, float]:
-    """A distribution-free confidence interval for the median (order statistics: the
-    number of values below the median is binomial(n, 1/2))."""
-    s, n = sorted(xs), len(xs)
-    k, cum = -1, 0.0
-    while k + 1 < n:
-        p = math.comb(n, k + 1) / 2 ** n
-        if cum + p > alpha / 2:
-            break
-        cum += p
-        k += 1
-    return (s[k], s[n - 1 - k]) if k >= 0 else (-math.inf, math.inf)
-
-
-def compare(time_pair: Callable[[int], tuple[float, float]], *, min_gain: float,
-            deadline: float, clock: Callable[[], float], min_pairs: int = 6,
-            max_pairs: int = 40) -> Comparison:
-    """Pairs (incumbent, candidate) until the candidate's gain is settled either way, or
-    `max_pairs` or the deadline (after `min_pairs`) is reached."""
-    inc: list[float] = []
-    cand: list[float] = []
-    ratios: list[float] = []
-    verdict = "undecided"
-    for i in range(max_pairs):
-        if i >= min_pairs and clock() > deadline:
-            break
-        a, b = time_pair(i)
-        inc.append(a)
-        cand.append(b)
-        ratios.append(b / max(a, 1e-12))
-        if len(ratios) >= min_pairs:
-            lo, hi = median_interval(ratios)
-            if hi < 1 - min_gain:
-                verdict = "better"
-                break
-            if lo > 1 - min_gain:
-                verdict = "not better"
-                break
-    ratio = statistics.median(ratios)
-    # Out of rounds, a decision is still due: every choice gives the same bits, so the
-    # median, the best estimate there is, decides, with a margin that leans to the model
-    # (calls that sometimes fault in a fresh result can keep the interval open for good).
-    if verdict == "undecided" and ratio < 1 - 2 * min_gain:
-        verdict = "likely better"
-    return Comparison(verdict, ratio, statistics.median(inc), statistics.median(cand),
-                      len(ratios))
-
-
-# --- the search: one site at a time from the model's choice, then the combination ------
-
-@dataclass(frozen=True)
-class Site:
-    """A tunable call site (all call sites sharing one fingerprint move together)."""
-    key: str
-    op: str
-    where: str
-    model_impl: str
-    stake_s: float  # how far apart the model's two estimates are
-
-
-@dataclass
-class SiteResult:
-    """What tune found at one site."""
-    key: str
-    op: str
-    where: str
-    model_impl: str
-    impl: str
-    native_s: float = math.nan  # the program's median time with the site native
-    lax_s: float = math.nan     # ... and with it lax
-    rounds: int = 0
-    verdict: str = "not timed"
-
-    def __str__(self) -> str:
-        if not self.rounds:
-            return f"{self.where}: {self.op} -> {self.impl} (model; {self.verdict})"
-        return (f"{self.where}: {self.op} -> {self.impl} ({self.verdict}; program "
-                f"{fmt_s(self.native_s)} with native vs {fmt_s(self.lax_s)} with lax, "
-                f"{self.rounds} rounds; the model chose {self.model_impl})")
-
-
-def _other(impl: str) -> str:
-    return "lax" if impl == "native" else "native"
-
-
-def search(sites: Sequence[Site], measure: Callable[[dict[str, str], dict[str, str]],
-                                                    Comparison],
-           deadline: float, clock: Callable[[], float],
-           log: Callable[[str], None] = lambda s: None
-           ) -> tuple[dict[str, str], list[SiteResult]]:
-    """Greedy: each site flipped in turn on top of the choices so far (the largest stake
-    first), kept where the program ran faster with confidence; then the combination is
-    timed against the model's, and given up if it is not faster."""
-    start = {s.key: s.model_impl for s in sites}
-    now = dict(start)
-    results = []
-    for k, s in enumerate(sorted(sites, key=lambda s: -s.stake_s)):
-        r = SiteResult(s.key, s.op, s.where, s.model_impl, now[s.key])
-        results.append(r)
-        if clock() > deadline:
-            r.verdict = "not timed: out of time"
-            continue
-        cand = dict(now, **{s.key: _other(now[s.key])})
-        log(f"site {k + 1}/{len(sites)}: {s.op} at {s.where}, {now[s.key]} vs "
-            f"{cand[s.key]}")
-        c = measure(now, cand)
-        times = {now[s.key]: c.inc_s, cand[s.key]: c.cand_s}
-        r.native_s, r.lax_s, r.rounds = times["native"], times["lax"], c.rounds
-        r.verdict = {"better": "measured faster", "not better": "kept: not faster",
-                     "likely better": "faster by the median, not settled",
-                     "undecided": "kept: within noise"}[c.verdict]
-        if c.verdict in ("better", "likely better"):
-            now = cand
-        r.impl = now[s.key]
-    return _confirm(start, now, results, measure, clock, deadline, log)
-
-
-def _confirm(start: dict[str, str], now: dict[str, str], results: list[SiteResult],
-             measure: Callable[[dict[str, str], dict[str, str]], Comparison],
-             clock: Callable[[], float], deadline: float, log: Callable[[str], None]
-             ) -> tuple[dict[str, str], list[SiteResult]]:
-    if now == start:
-        return now, results
-    log("confirming the combination against the model's choices")
-    c = measure(start, now)
-    if c.ratio < 1:
-        return now, results
-    for r in results:  # the sites' gains did not add up: back to the model
-        if r.impl != r.model_impl:
-            r.impl, r.verdict = r.model_impl, "kept: the combination was not faster"
-    return start, results
-
-
 # --- the user's program, compiled per assignment and timed ------------------------------
 
 class _Program:
@@ -379,7 +117,7 @@ class _Program:
         self._compiled: dict[tuple[tuple[str, str], ...], Any] = {}
         self.reps = 1
 
-    def sites(self) -> list[Site]:
+    def sites(self) -> list[Tunable]:
         """The call sites auto decides by its cost model, one per fingerprint."""
         import jax
         with tuning(False), recording() as decisions:
@@ -444,17 +182,17 @@ def _block(tree: Any) -> None:
         leaf.block_until_ready()
 
 
-def _tunable(decisions: Sequence[Decision]) -> list[Site]:
+def _tunable(decisions: Sequence[Decision]) -> list[Tunable]:
     """Sites where the cost model chose (not forced, not out of the kernels' reach),
     one per fingerprint, with the stake of their two estimates summed."""
-    out: dict[str, Site] = {}
+    out: dict[str, Tunable] = {}
     for d in decisions:
         if (d.requested != "auto" or d.site is None or d.est_native_s is None
                 or d.est_lax_s is None or not d.reason.startswith("est.")):
             continue
         stake = abs(d.est_native_s - d.est_lax_s)
         prev = out.get(d.site)
-        out[d.site] = Site(d.site, d.op, d.where if prev is None else prev.where, d.impl,
+        out[d.site] = Tunable(d.site, d.op, d.where if prev is None else prev.where, d.impl,
                            stake + (prev.stake_s if prev else 0.0))
     return list(out.values())
 

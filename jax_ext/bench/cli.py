@@ -70,7 +70,7 @@ from collections.abc import Sequence
 import jax_ext
 
 from .._names import ImplementationName
-from ..auto.tuning import enabled_by_env as tuning_enabled_by_env
+from ..auto.store import enabled_by_env as tuning_enabled_by_env
 from .plot import plot as _plot
 from .records import Case, Meta, Row
 from .report import format_table, machine_info, write_report

@@ -81,7 +81,7 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
 def machine_info(impl: str) -> Meta:
     from importlib.metadata import version
 
-    from ..auto.tuning import cores, cpu_model  # what the tuning cache is keyed by, too
+    from ..auto.store import cores, cpu_model  # what the tuning cache is keyed by, too
     try:
         import onnxruntime
         ort = onnxruntime.__version__
