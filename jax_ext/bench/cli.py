@@ -1,6 +1,7 @@
 """The main job: jax_ext against the jnp built-ins, side by side, in one process.
 
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
+                  [--memory both|warm|fresh|process]
                   [--impl auto|native|lax] [--tune [--tune-budget S]]
                   [--json bench.json] [--plot bench.png] [--report benchmark.md]
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
@@ -50,7 +51,12 @@ tuned on this machine before). ``--impl native`` / ``--impl lax`` force one ever
 Rows are grouped by kind: single calls, element-wise programs (selects among other ops)
 and sparse programs (built on row gathers).
 
-Each program row runs in a process of its own (``--same-process`` runs them here), as a
+Every case runs under two memory states, the same for both sides, each in a process of
+its own (``--memory``): "warm", where glibc keeps freed memory and results land on memory
+the process used before, and "fresh", where every result of 128 KiB or more is mapped
+anew (timing.MEMORY_STATES holds the settings). Rows whose two sides still faulted
+differently are marked. ``--memory process`` times in this process as it is; then each
+program row still runs in a process of its own (``--same-process`` runs them here), as a
 user's program does: glibc's heap is state that one case leaves to the next (freeing a
 block of 32 MiB raises its dynamic mmap threshold; a long run fragments the heap), and
 that state, not the program, can decide which side pays the page faults (the docs'
