@@ -464,3 +464,22 @@ def test_tune_retimes_a_round_whose_sides_faulted_differently(monkeypatch):
     assert prog.pair(a, b, 0) == (1.5, 1.5) and trims == [1]
     prog.time = lambda assignment, pattern, trim=False: 1.0  # alike: kept as timed
     assert prog.pair(a, b, 1) == (1.0, 1.0) and trims == [1]
+
+
+def test_a_case_child_gets_the_device_count_of_the_sharded_cases(monkeypatch):
+    """With --devices N every case runs in a child per memory state, the sharded ones
+    too: the child is told N, or it would not have those cases."""
+    import subprocess
+
+    from jax_ext.bench import cli
+    cmds = []
+
+    def run(cmd, *a, **k):  # writes the rows file the child would write, runs nothing
+        cmds.append(cmd)
+        with open(cmd[cmd.index("--json") + 1], "w") as f:
+            f.write("[]")
+    monkeypatch.setattr(subprocess, "run", run)
+    a = cli._parser().parse_args(["--devices", "4"], namespace=cli._Options())
+    assert cli._isolated("shard x", a, 3, "warm") == []
+    assert cmds[0][cmds[0].index("--devices") + 1] == "4"
+    assert cmds[0][cmds[0].index("--memory") + 1] == "warm"

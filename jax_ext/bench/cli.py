@@ -149,6 +149,7 @@ def _isolated(name: str, a: _Options, rounds: int, memory: str = "process") -> l
                "--rounds", str(rounds), "--pattern", a.pattern, "--impl", a.impl,
                "--memory", memory]
         cmd += ["--quick"] if a.quick else []
+        cmd += ["--devices", str(a.devices)] if a.devices > 1 else []  # the sharded cases
         cmd += ["--tune", "--tune-budget", str(a.tune_budget)] if a.tune else []
         # its stderr is ours: the tuner's progress lines show as they come
         subprocess.run(cmd, cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL)
