@@ -106,7 +106,8 @@ def header_lines(meta: Meta) -> list[str]:
         f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numpy {meta['numpy']}, onnxruntime "
         f"{meta['onnxruntime'] or 'not installed'}; jax_ext {meta['jax_ext']} "
         f"({'native module loaded' if meta['native'] else 'no native module'})",
-        f"- glibc allocator: {malloc or 'default settings (no MALLOC_* variable)'}",
+        f"- glibc allocator of the benchmark's own process: "
+        f"{malloc or 'default settings (no MALLOC_* variable)'}",
         f"- implementation: {meta['implementation']}; calling patterns: "
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
