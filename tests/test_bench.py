@@ -10,6 +10,10 @@ import pytest
 import jax_ext
 from jax_ext import _native, bench
 
+# The benchmark's process as it is: one process, no child per memory state (the tests of
+# other features need no controlled memory).
+PROCESS = ["--memory", "process"]
+
 
 def test_refuses_without_native_module(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(_native, "_AVAILABLE", False)
@@ -24,7 +28,7 @@ def test_refuses_without_native_module(monkeypatch, capsys, tmp_path):
 
 def test_lax_on_request_records_implementation_and_spread(tmp_path, capsys):
     out = tmp_path / "b.json"
-    rc = bench.main(["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
+    rc = bench.main(PROCESS + ["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
                      "--json", str(out), "--plot", str(tmp_path / "b.png")])
     assert rc == 0
     head = capsys.readouterr().out.splitlines()[0]
@@ -61,7 +65,7 @@ def test_each_call_counts_the_page_faults_it_caused():
 def test_quick_uses_at_least_seven_rounds(tmp_path):
     out = tmp_path / "b.json"
     impl = "native" if jax_ext.native_available() else "lax"
-    assert bench.main(["--quick", "--impl", impl, "--only", "select 8 elements",
+    assert bench.main(PROCESS + ["--quick", "--impl", impl, "--only", "select 8 elements",
                        "--pattern", "reused", "--json", str(out),
                        "--plot", str(tmp_path / "b.png")]) == 0
     assert json.loads(out.read_text())["results"][0]["rounds"] >= 7
@@ -96,8 +100,9 @@ def test_every_select_case_runs_the_dtype_it_names():
 def test_a_float64_case_is_timed_as_float64(tmp_path):
     out = tmp_path / "b.json"
     with jax.enable_x64(False):
-        rc = bench.main(["--quick", "--only", "select float64", "--rounds", "3", "--pattern",
-                         "reused", "--json", str(out), "--plot", str(tmp_path / "b.png")])
+        rc = bench.main(PROCESS + ["--quick", "--only", "select float64", "--rounds", "3",
+                                   "--pattern", "reused", "--json", str(out),
+                                   "--plot", str(tmp_path / "b.png")])
     assert rc == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["dtype"] == "float64" and row["agrees"]
@@ -117,7 +122,7 @@ def test_report_is_markdown_with_machine_header_and_outputs_are_named_last(
         tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "docs" / "benchmark.md"
-    rc = bench.main(["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
+    rc = bench.main(PROCESS + ["--impl", "lax", "--only", "select 8 elements", "--rounds", "3",
                      "--pattern", "reused", "--report", str(report)])
     assert rc == 0
     last = capsys.readouterr().out.rstrip().splitlines()[-2:]
@@ -134,7 +139,7 @@ def test_report_is_markdown_with_machine_header_and_outputs_are_named_last(
 def test_programs_time_forced_native_and_lax_too(tmp_path):
     out = tmp_path / "b.json"
     impl = "auto" if jax_ext.native_available() else "lax"
-    rc = bench.main(["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
+    rc = bench.main(PROCESS + ["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
                      "--rounds", "3", "--pattern", "reused", "--json", str(out),
                      "--plot", str(tmp_path / "b.png")])
     assert rc == 0
@@ -142,15 +147,22 @@ def test_programs_time_forced_native_and_lax_too(tmp_path):
     assert row["native_ratio"] > 0 and row["lax_ratio"] > 0 and row["native_s"] > 0
 
 
+class _Children(list):
+    """Command lines, and in .envs the environments, of the child processes started."""
+    envs: list
+
+
 @pytest.fixture
 def children(monkeypatch):
     """The command lines of the child processes the benchmark starts (still run)."""
     import subprocess
-    cmds = []
+    cmds = _Children()
+    cmds.envs = []
     real_run = subprocess.run
 
     def run(cmd, *a, **k):
         cmds.append(cmd)
+        cmds.envs.append(k.get("env"))
         return real_run(cmd, *a, **k)
     monkeypatch.setattr(subprocess, "run", run)
     return cmds
@@ -163,9 +175,10 @@ def test_each_program_runs_in_a_process_of_its_own(tmp_path, children):
     rows = {}
     for extra in ([], ["--same-process"]):
         out = tmp_path / f"b{len(extra)}.json"
-        assert bench.main(["--quick", "--impl", impl, "--only", "prog where(x>0, x*2, y+1) f32",
-                           "--rounds", "3", "--pattern", "reused", "--json", str(out),
-                           "--plot", str(tmp_path / "b.png")] + extra) == 0
+        assert bench.main(PROCESS + ["--quick", "--impl", impl, "--only",
+                                     "prog where(x>0, x*2, y+1) f32", "--rounds", "3",
+                                     "--pattern", "reused", "--json", str(out),
+                                     "--plot", str(tmp_path / "b.png")] + extra) == 0
         (rows[len(extra)],) = json.loads(out.read_text())["results"]
     assert len(children) == 1 and "--case" in children[0]
     assert children[0][children[0].index("--case") + 1] == rows[0]["name"]
@@ -304,7 +317,7 @@ def test_tune_tunes_each_program_before_timing_it(tmp_path, children):
     import os
     out = tmp_path / "b.json"
     impl = "auto" if jax_ext.native_available() else "lax"
-    assert bench.main(["--quick", "--impl", impl, "--tune", "--tune-budget", "2",
+    assert bench.main(PROCESS + ["--quick", "--impl", impl, "--tune", "--tune-budget", "2",
                        "--only", "prog where(x>0, x*2, y+1) f32", "--rounds", "3",
                        "--pattern", "reused", "--json", str(out),
                        "--plot", str(tmp_path / "b.png")]) == 0
@@ -392,3 +405,81 @@ def test_plot_groups_the_ratios_by_kind_on_one_screen(tmp_path):
     assert w <= 1920 and h <= 1080, (w, h)
     matplotlib.pyplot.close(fig)
     assert plot.plot(rows, _META, str(tmp_path / "b.png")) and (tmp_path / "b.png").stat().st_size
+
+
+def test_every_row_runs_under_a_stated_memory_state(tmp_path, children):
+    """By default each case runs twice, in a process per memory state whose allocator
+    settings are the state's: "warm", where results land on memory the process reused
+    (a 1 MiB result faults on neither side), and "fresh", where every result of 128 KiB
+    or more is mapped anew (both sides fault once per 4 KiB page)."""
+    from jax_ext.bench.timing import MEMORY_STATES
+    if not jax_ext.native_available():
+        pytest.skip("times the kernel against XLA's loop")
+    out = tmp_path / "b.json"
+    assert bench.main(["--quick", "--only", "select f32 2^18", "--rounds", "3", "--pattern",
+                       "reused", "--json", str(out), "--plot", str(tmp_path / "b.png")]) == 0
+    assert [c[c.index("--memory") + 1] for c in children] == ["warm", "fresh"]
+    for state, env in zip(("warm", "fresh"), children.envs):
+        assert {k: env[k] for k in MEMORY_STATES[state]} == MEMORY_STATES[state]
+    data = json.loads(out.read_text())
+    assert data["meta"]["memory"] == MEMORY_STATES
+    warm, fresh = data["results"]
+    assert (warm["memory"], fresh["memory"]) == ("warm", "fresh")
+    pages = (1 << 18) * 4 // 4096
+    assert warm["faults"] < pages / 4 and warm["ref_faults"] < pages / 4
+    assert fresh["faults"] >= pages and fresh["ref_faults"] >= pages
+    assert not warm["faults_differ"] and not fresh["faults_differ"]
+
+
+def test_rows_whose_sides_fault_differently_are_flagged():
+    from jax_ext.bench.timing import faults_differ
+    assert faults_differ(528, 0) and faults_differ(3, 4097)
+    assert not faults_differ(528, 8193) and not faults_differ(0, 15) and not faults_differ(63, 0)
+    row = dict(name="c", pattern="reused", memory="warm", ours_s=1e-3, ref_s=2e-3, ratio=2.0,
+               ratio_min=1.5, ratio_max=2.5, spread=0.1, gbps=1.0, agrees=True, picked="x",
+               faults=528.0, ref_faults=0.0, faults_differ=True)
+    md = bench.format_table([row, dict(row, faults_differ=False)], markdown=True).splitlines()
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in md]
+    col = {h: i for i, h in enumerate(cells[0])}
+    assert cells[2][col["faults"]] == "528/0 !" and cells[3][col["faults"]] == "528/0"
+    assert cells[2][col["memory"]] == "warm"
+
+
+def test_tune_retimes_a_round_whose_sides_faulted_differently(monkeypatch):
+    """A tuning round in which one choice faulted in fresh mappings and the other ran on
+    reused memory is timed again with every call's results mapped anew (freed heap
+    memory given back first), and that round counts."""
+    from jax_ext.auto import tuning
+    trims = []
+    monkeypatch.setattr(tuning, "_give_back", lambda: trims.append(1) or True)
+    prog = object.__new__(tuning._Program)
+    prog.patterns, prog.faults = ("reused",), 0.0
+
+    def time(assignment, pattern, trim=False):
+        native = assignment["s"] == "native"
+        prog.faults = 500.0 if native or trim else 0.0  # lax got warm memory, untrimmed
+        return (2.0 if native else 1.0) if not trim else 1.5
+    prog.time = time
+    a, b = {"s": "native"}, {"s": "lax"}
+    assert prog.pair(a, b, 0) == (1.5, 1.5) and trims == [1]
+    prog.time = lambda assignment, pattern, trim=False: 1.0  # alike: kept as timed
+    assert prog.pair(a, b, 1) == (1.0, 1.0) and trims == [1]
+
+
+def test_a_case_child_gets_the_device_count_of_the_sharded_cases(monkeypatch):
+    """With --devices N every case runs in a child per memory state, the sharded ones
+    too: the child is told N, or it would not have those cases."""
+    import subprocess
+
+    from jax_ext.bench import cli
+    cmds = []
+
+    def run(cmd, *a, **k):  # writes the rows file the child would write, runs nothing
+        cmds.append(cmd)
+        with open(cmd[cmd.index("--json") + 1], "w") as f:
+            f.write("[]")
+    monkeypatch.setattr(subprocess, "run", run)
+    a = cli._parser().parse_args(["--devices", "4"], namespace=cli._Options())
+    assert cli._isolated("shard x", a, 3, "warm") == []
+    assert cmds[0][cmds[0].index("--devices") + 1] == "4"
+    assert cmds[0][cmds[0].index("--memory") + 1] == "warm"

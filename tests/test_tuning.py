@@ -202,7 +202,7 @@ def _fake_times(monkeypatch, faster):
     tuned site runs fastest with; each call advances the fake clock."""
     clock = FakeClock()
 
-    def time(self, assignment, pattern):
+    def time(self, assignment, pattern, trim=False):
         t = 1e-3 * (1 + sum(0.5 for v in assignment.values() if v != faster))
         clock.t += t
         return t

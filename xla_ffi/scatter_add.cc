@@ -172,12 +172,18 @@ void AddColumnRange(const RowAdder<Acc, C>& add, const int64_t* targets, int64_t
   }
 }
 
+// Columns a task owns of every output row, at least. Each task visits every target row
+// in random order, so splitting a row over tasks multiplies the random accesses: for
+// 128-float rows two tasks on two cores took 1.0-2.2x the time of the calling thread alone
+// on reused memory (docs/performance.md, "Splitting the scatter-add's rows").
+constexpr int64_t kMinTaskColumns = 256;
+
 // Long rows: each task owns a column range of every output row.
 template <typename Acc, Conv C>
 void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
                   int64_t total_rows, int64_t threads, bool nt_first) {
   const int64_t E = add.E;
-  const int64_t tasks = std::min<int64_t>(threads, E / 64);
+  const int64_t tasks = std::clamp<int64_t>(E / kMinTaskColumns, 1, threads);
   ParallelFor(pool, tasks, 1, [&](int64_t tb, int64_t te) {
     for (int64_t tk = tb; tk < te; ++tk) {
       const int64_t c0 = (E * tk / tasks) & ~int64_t{15};

@@ -116,6 +116,7 @@ class _Program:
         self.patterns, self.clock = tuple(patterns), clock
         self._compiled: dict[tuple[tuple[str, str], ...], Any] = {}
         self.reps = 1
+        self.faults = 0.0  # per call, in the last time()
 
     def sites(self) -> list[Tunable]:
         """The call sites auto decides by its cost model, one per fingerprint."""
@@ -142,15 +143,23 @@ class _Program:
         _block(out)
         return out
 
-    def time(self, assignment: Mapping[str, str], pattern: str) -> float:
-        """Seconds per call, over self.reps blocking calls."""
+    def time(self, assignment: Mapping[str, str], pattern: str, trim: bool = False) -> float:
+        """Seconds per call, over self.reps blocking calls; self.faults: the page faults
+        per call. `trim`: freed heap memory given back to the system before each call
+        (untimed), so that its results are mapped anew whatever the calls before it left."""
         f = self.compiled(assignment)
         total = 0.0
+        faults = 0
         for _ in range(self.reps):
             args = self._args(pattern)
+            if trim:
+                _give_back()
+            f0 = _faults()
             t0 = self.clock()
             _block(f(*args))
             total += self.clock() - t0
+            faults += _faults() - f0
+        self.faults = faults / self.reps
         return total / self.reps
 
     def settle(self, assignment: Mapping[str, str], sample_s: float = 2e-4) -> None:
@@ -164,16 +173,54 @@ class _Program:
     def pair(self, a: Mapping[str, str], b: Mapping[str, str], i: int) -> tuple[float, float]:
         """Round i: a and b called in each pattern, one after the other, the order
         alternating from round to round; the seconds of each summed over the patterns
-        (the program's time in a mix of both)."""
-        ta = tb = 0.0
+        (the program's time in a mix of both). Where the two faulted differently (one in
+        fresh mappings, the other on reused memory: which one glibc's heap happened to
+        favour), the round is timed again with every call's results mapped anew, so that
+        no choice rests on which side got warm memory."""
+        got = self._pair(a, b, i, trim=False)
+        if faults_differ(*got[2:]) and _give_back():
+            got = self._pair(a, b, i, trim=True)
+        return got[0], got[1]
+
+    def _pair(self, a: Mapping[str, str], b: Mapping[str, str], i: int,
+              trim: bool) -> tuple[float, float, float, float]:
+        """pair's times, then the faults per call of a and of b."""
+        ta = tb = fa = fb = 0.0
         for pattern in self.patterns:
-            if i % 2:
-                tb += self.time(b, pattern)
-                ta += self.time(a, pattern)
-            else:
-                ta += self.time(a, pattern)
-                tb += self.time(b, pattern)
-        return ta, tb
+            for first in ((b, a) if i % 2 else (a, b)):
+                t = self.time(first, pattern, trim)
+                if first is a:
+                    ta, fa = ta + t, fa + self.faults
+                else:
+                    tb, fb = tb + t, fb + self.faults
+        return ta, tb, fa, fb
+
+
+def faults_differ(ours: float, theirs: float) -> bool:
+    """Whether two sides ran under different memory states: one faulted in a fresh
+    mapping (64 or more page faults per call) where the other hardly faulted (under 16)."""
+    return max(ours, theirs) >= 64 and min(ours, theirs) < 16
+
+
+def _faults() -> int:
+    """Page faults of the whole process so far (every thread: XLA's pool included)."""
+    try:
+        import resource
+    except ImportError:  # not Unix
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _give_back() -> bool:
+    """Gives the C library's freed heap memory back to the system (glibc's malloc_trim;
+    it changes no setting); False where there is no such call."""
+    import ctypes
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
 
 
 def _block(tree: Any) -> None:

@@ -318,9 +318,11 @@ _TABLES_QUICK = [(262144, 32, 8192)]
 _TABLES_FULL = [(262144, 32, 8192), (1048576, 16, 16384), (131072, 64, 4096)]
 
 
-def _gather_points(rng: np.random.Generator, quick: bool,
-                   log: Log) -> tuple[dict[str, list[Timed]], dict[str, list[Timed]], int, int]:
-    """Timed gathers (gp) and gradients (sp), per side: (terms, seconds, fresh bytes)."""
+def _gather_points(rng: np.random.Generator, quick: bool, log: Log, fresh: bool = True,
+                   ) -> tuple[dict[str, list[Timed]], dict[str, list[Timed]], int, int]:
+    """Timed gathers (gp) and gradients (sp), per side: (terms, seconds, fresh bytes).
+    `fresh`: whether big results were mapped anew (their mapping is then taken off before
+    fitting); False when glibc was told to reuse its heap (_no_fresh_mappings)."""
     shapes = _GATHER_QUICK if quick else _GATHER_FULL
     tables = _TABLES_QUICK if quick else _TABLES_FULL
     gather = jax.jit(lambda s, i: jax_ext.gather(s, [0], 0, i, align_bytes=None))
@@ -336,13 +338,13 @@ def _gather_points(rng: np.random.Generator, quick: bool,
             log(f"  gather {rows}x{cols} n={k}: native {t['native'] * 1e6:.1f} us, lax "
                 f"{t['lax'] * 1e6:.1f} us")
             for impl in gp:
-                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out))
+                gp[impl].append(([1.0, k, 2 * out + 4 * k], t[impl], out if fresh else 0))
         ct = jnp.asarray(rng.standard_normal((k, cols)).astype(np.float32))
         ts = _timer(_both(grad), (src, idx, ct), *_reps(tab + out, quick))
         log(f"  gather gradient {rows}x{cols} n={k}: native {ts['native'] * 1e6:.1f} us, "
             f"lax {ts['lax'] * 1e6:.1f} us")
         for impl in sp:
-            sp[impl].append(([1.0, k, out, tab], ts[impl], tab))
+            sp[impl].append(([1.0, k, out, tab], ts[impl], tab if fresh else 0))
     return gp, sp, len(shapes), len(tables)
 
 
@@ -415,13 +417,18 @@ def calibrate(quick: bool, machine: str, log: Log = print) -> costs.CostTable:
     for path, v in costs.leaves(shipped):  # not fitted: kept as shipped
         if path.startswith(("structure.", "corrections.")):
             fit.set(path, v, shipped.about[path])
-    _fit_select(fit, rng, quick, log)
-    _fit_materialize(fit, rng, quick)
-    gp, sp, nshapes, ntables = _gather_points(rng, quick, log)
+    # The grids run under one memory state for both sides, every result on heap memory the
+    # process reuses: which side happened to get a fresh mapping must not end up in a
+    # constant. What a fresh mapping costs is fitted apart, in a process of its own.
+    with _no_fresh_mappings() as warm:
+        _fit_select(fit, rng, quick, log)
+        _fit_materialize(fit, rng, quick)
+        gp, sp, nshapes, ntables = _gather_points(rng, quick, log, fresh=not warm)
     _fit_fresh(fit, quick, log)
     _fit_gather(fit, gp, nshapes, log)
     _fit_scatter(fit, sp, ntables, log)
-    _fit_row_ratios(fit, rng, quick, log)
+    with _no_fresh_mappings():
+        _fit_row_ratios(fit, rng, quick, log)
     return costs.from_flat(machine, fit.values, fit.about)  # checks every constant is there
 
 

@@ -1,6 +1,7 @@
 """The main job: jax_ext against the jnp built-ins, side by side, in one process.
 
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
+                  [--memory both|warm|fresh|process]
                   [--impl auto|native|lax] [--tune [--tune-budget S]]
                   [--json bench.json] [--plot bench.png] [--report benchmark.md]
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
@@ -50,7 +51,12 @@ tuned on this machine before). ``--impl native`` / ``--impl lax`` force one ever
 Rows are grouped by kind: single calls, element-wise programs (selects among other ops)
 and sparse programs (built on row gathers).
 
-Each program row runs in a process of its own (``--same-process`` runs them here), as a
+Every case runs under two memory states, the same for both sides, each in a process of
+its own (``--memory``): "warm", where glibc keeps freed memory and results land on memory
+the process used before, and "fresh", where every result of 128 KiB or more is mapped
+anew (timing.MEMORY_STATES holds the settings). Rows whose two sides still faulted
+differently are marked. ``--memory process`` times in this process as it is; then each
+program row still runs in a process of its own (``--same-process`` runs them here), as a
 user's program does: glibc's heap is state that one case leaves to the next (freeing a
 block of 32 MiB raises its dynamic mmap threshold; a long run fragments the heap), and
 that state, not the program, can decide which side pays the page faults (the docs'
@@ -75,7 +81,7 @@ from .plot import plot as _plot
 from .records import Case, Meta, Row
 from .report import format_table, machine_info, write_report
 from .select import select_cases
-from .timing import child_env, measure
+from .timing import MEMORY_STATES, child_env, measure
 
 
 class _Options(argparse.Namespace):
@@ -94,6 +100,7 @@ class _Options(argparse.Namespace):
     calibrate: bool
     table: str | None
     same_process: bool
+    memory: str
     case: str | None
     devices: int
 
@@ -121,16 +128,28 @@ def _tune_budget(a: _Options) -> float | None:
     return a.tune_budget if a.tune else None
 
 
-def _isolated(name: str, a: _Options, rounds: int) -> list[Row]:
-    """Measures one case in a fresh Python process (this jax_ext, these options)."""
+def _states(a: _Options) -> list[str]:
+    """The memory states each case is timed under: "process" (this process as it is, and
+    programs in a process of their own unless --same-process) or states of MEMORY_STATES,
+    each in a process of its own."""
+    if a.same_process or a.memory == "process":
+        return ["process"]
+    return list(MEMORY_STATES) if a.memory == "both" else [a.memory]
+
+
+def _isolated(name: str, a: _Options, rounds: int, memory: str = "process") -> list[Row]:
+    """Measures one case in a fresh Python process (this jax_ext, these options), with
+    glibc's allocator set up for `memory` (MEMORY_STATES) unless that is "process"."""
     import subprocess
     import tempfile
-    env = child_env()
+    env = child_env() | MEMORY_STATES.get(memory, {})
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         cmd = [sys.executable, "-m", "jax_ext.bench", "--case", name, "--json", out,
-               "--rounds", str(rounds), "--pattern", a.pattern, "--impl", a.impl]
+               "--rounds", str(rounds), "--pattern", a.pattern, "--impl", a.impl,
+               "--memory", memory]
         cmd += ["--quick"] if a.quick else []
+        cmd += ["--devices", str(a.devices)] if a.devices > 1 else []  # the sharded cases
         cmd += ["--tune", "--tune-budget", str(a.tune_budget)] if a.tune else []
         # its stderr is ours: the tuner's progress lines show as they come
         subprocess.run(cmd, cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -184,6 +203,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--same-process", action="store_true",
                    help="time the program rows in this process too (default: each program "
                         "in a process of its own)")
+    p.add_argument("--memory", choices=("both", *MEMORY_STATES, "process"), default="both",
+                   help="the memory state each case runs under, the same for every side: "
+                        "'warm' (results land on memory the process reused), 'fresh' (every "
+                        "result of 128 KiB or more mapped anew), 'both' (default: each case "
+                        "twice, each state in a process of its own), or 'process' (this "
+                        "process as it is, the old way; --same-process implies it)")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # one case, exact name
     p.add_argument("--devices", type=int, default=0,
                    help="also run the sharded cases (names start with 'shard') on N host "
@@ -222,13 +247,19 @@ def _run_case(case: Case, tag: str, a: _Options, rounds: int, min_sample: float,
     # the tuner prints lines of its own: they start on a line of theirs
     print(f"{tag} {case['name']} ...", end="\n" if a.tune and program else "", flush=True,
           file=sys.stderr)
-    if program and not a.same_process:
+    states = _states(a)
+    if states != ["process"]:
+        got = [r for m in states for r in _isolated(case["name"], a, rounds, m)]
+    elif program and not a.same_process:
         got = _isolated(case["name"], a, rounds)
     else:
         got = measure(case, rounds, min_sample, patterns, _tune_budget(a))
     for r in got:
         tuned = f" (tuned {r['tuned_ratio']:.2f}x)" if r.get("tuned_ratio") else ""
-        print(f" {r['pattern']} {r['ratio']:.2f}x{tuned}", end="", flush=True, file=sys.stderr)
+        state = "" if r["memory"] == "process" else f"{r['memory']} "
+        differ = " (faults differ)" if r["faults_differ"] else ""
+        print(f" {state}{r['pattern']} {r['ratio']:.2f}x{tuned}{differ}", end="", flush=True,
+              file=sys.stderr)
     print(file=sys.stderr)
     return [_fields(case) | r for r in got]
 
@@ -267,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.case is not None:  # a child of _isolated: its rows only
         with jax_ext.implementation(a.impl):
             rows = [_fields(cases[0]) | r for r in
-                    measure(cases[0], rounds, min_sample, patterns, _tune_budget(a))]
+                    measure(cases[0], rounds, min_sample, patterns, _tune_budget(a),
+                            a.memory)]
         with open(a.json, "w") as f:
             json.dump(rows, f)
         return 0
@@ -275,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("jax_ext.bench: JAX_EXT_TUNING is off, so --tune measures but stores nothing "
               "and the tuned column times the choices the cache held before.", file=sys.stderr)
     meta = machine_info(a.impl) | {"quick": a.quick, "rounds": rounds,
+                                   "memory": {m: MEMORY_STATES.get(m, {}) for m in _states(a)},
                                    "patterns": list(patterns), "tune_budget_s": _tune_budget(a),
                                    "loadavg_start": list(os.getloadavg())}
     print(_headline(meta, a, len(cases)), flush=True)

@@ -187,7 +187,8 @@ def figure(rows: Sequence[Row], meta: Meta) -> Figure:
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, (h - TITLE_IN) / h),
                ncol=per_row, fontsize=7, frameon=False)
     fig.suptitle(f"jax_ext {meta['jax_ext']} ({meta['implementation']}) | {meta['date']} | "
-                 f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']}",
+                 f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
+                 f"memory {rows[0].get('memory', 'process') if rows else '-'}",
                  fontsize=8, y=(h - 0.08) / h, va="top")
     return fig
 
@@ -215,6 +216,8 @@ def plot(rows: Sequence[Row], meta: Meta, path: str) -> bool:
     except ImportError:
         print("matplotlib not installed (pip install '.[bench]'): no plot")
         return False
+    # One memory state per plot, the first the rows have: two would overlap case by case.
+    rows = [r for r in rows if r.get("memory") == rows[0].get("memory")] if rows else []
     if not rows:
         return False
     fig = figure(rows, meta)

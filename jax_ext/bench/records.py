@@ -63,6 +63,8 @@ class Meta(TypedDict):
     quick: NotRequired[bool]
     rounds: NotRequired[int]
     patterns: NotRequired[list[str]]
+    # each memory state timed, with the allocator settings its processes ran under
+    memory: NotRequired[dict[str, dict[str, str]]]
     tune_budget_s: NotRequired[float | None]
     loadavg_start: NotRequired[list[float]]
     loadavg_end: NotRequired[list[float]]

@@ -41,6 +41,7 @@ def _ran(r: Row) -> str:
 COLUMNS: list[Column] = [
     ("case", -56, lambda r: r["name"]),
     ("calls", -6, lambda r: r["pattern"]),
+    ("memory", -7, lambda r: r.get("memory", "process")),
     ("jax_ext", 11, lambda r: _fmt_t(r["ours_s"])),
     ("spread", 6, lambda r: f"{r['spread'] * 100:.0f}%"),
     ("reference", 11, lambda r: _fmt_t(r["ref_s"])),
@@ -49,8 +50,8 @@ COLUMNS: list[Column] = [
      lambda r: _fmt_ratio(r.get("ort_ratio"), r.get("ort_ratio_min"), r.get("ort_ratio_max"))),
     ("of copy", 7, lambda r: "-" if r.get("copy_frac") is None else f"{r['copy_frac'] * 100:.0f}%"),
     ("GB/s", 6, lambda r: f"{r['gbps']:.1f}" if r["gbps"] else "-"),
-    ("faults", 11, lambda r: "-" if r.get("faults") is None else
-     f"{r['faults']:.0f}/{r['ref_faults']:.0f}"),
+    ("faults", 13, lambda r: "-" if r.get("faults") is None else
+     f"{r['faults']:.0f}/{r['ref_faults']:.0f}" + (" !" if r.get("faults_differ") else "")),
     ("agrees", 6, lambda r: ("NO" if not r["agrees"] else
                              "exact" if r.get("exact", True) else "close")),
     ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
@@ -105,14 +106,27 @@ def header_lines(meta: Meta) -> list[str]:
         f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numpy {meta['numpy']}, onnxruntime "
         f"{meta['onnxruntime'] or 'not installed'}; jax_ext {meta['jax_ext']} "
         f"({'native module loaded' if meta['native'] else 'no native module'})",
-        f"- glibc allocator: {malloc or 'default settings (no MALLOC_* variable)'}",
+        f"- glibc allocator of the benchmark's own process: "
+        f"{malloc or 'default settings (no MALLOC_* variable)'}",
         f"- implementation: {meta['implementation']}; calling patterns: "
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
+        f"- memory: {_memory_source(meta)}",
         f"- tuned column: {_tuned_source(meta)}",
         f"- load average at start/end: {meta['loadavg_start'][0]:.1f} / "
         f"{meta.get('loadavg_end', meta['loadavg_start'])[0]:.1f}",
     ]
+
+
+def _memory_source(meta: Meta) -> str:
+    states = meta.get("memory") or {"process": {}}
+    told = "; ".join(
+        f"{m}: " + (", ".join(f"`{k}={v}`" for k, v in sorted(env.items())) if env else
+                    "the benchmark's process as it was (`--memory process`)")
+        for m, env in states.items())
+    return (f"{told}. Both sides of a row ran in one process, under one state; faults "
+            "marked ! are rows whose sides still faulted differently (64 or more per call on "
+            "one side, under 16 on the other)")
 
 
 def _tuned_source(meta: Meta) -> str:

@@ -11,11 +11,6 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypedDict
 
-try:
-    import resource  # page faults per call; Unix only
-except ImportError:  # pragma: no cover
-    resource = None  # type: ignore[assignment]
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +19,7 @@ import numpy.typing as npt
 import jax_ext
 
 from .._names import ImplementationName
+from ..auto.tuning import _faults, faults_differ
 from .records import Case, Host, JaxFn, Row
 
 Args = tuple[jax.Array, ...]
@@ -45,11 +41,6 @@ class _Check(TypedDict):
 def ready(tree: object) -> None:
     """Waits for every array of `tree` (jax.block_until_ready)."""
     jax.block_until_ready(tree)  # type: ignore[no-untyped-call]  # unannotated in jax
-
-
-def _faults() -> int:
-    """Page faults of the whole process so far (every thread: XLA's pool included)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
 def _fresh(host: Host, like: Args) -> Args:
@@ -94,6 +85,21 @@ def _host_side(fn: Callable[..., object], host: Host, pattern: str) -> Call:
         dt = time.perf_counter() - t0
         return dt, _faults() - f0
     return call
+
+
+# The memory states every row is timed under, each set up alike for both sides by glibc's
+# environment variables in a process of its own (docs/performance.md, "Where a result's
+# memory comes from"). One arena, so that which thread frees a block does not decide where
+# the next one comes from. "warm": every block comes from the heap and freed memory is
+# kept, so results land on memory the process has touched before; "fresh": the mmap
+# threshold fixed at glibc's starting value (never raised by a free), so every block of
+# 128 KiB or more is mapped anew and unmapped when freed.
+MEMORY_STATES: dict[str, dict[str, str]] = {
+    "warm": {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 32),
+             "MALLOC_TRIM_THRESHOLD_": str(1 << 33)},
+    "fresh": {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(128 << 10),
+              "MALLOC_TRIM_THRESHOLD_": str(128 << 10)},
+}
 
 
 def child_env() -> dict[str, str]:
@@ -222,17 +228,20 @@ def _ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
 
 def measure(case: Case, rounds: int, min_sample_s: float,
             patterns: Sequence[str] = ("reused", "fresh"),
-            tune_budget_s: float | None = None) -> list[Row]:
+            tune_budget_s: float | None = None, memory: str = "process") -> list[Row]:
     """Times one case in each calling pattern; returns one result dict per pattern.
     `tune_budget_s`: first tune a program's call sites (``jax_ext.tune`` with this
-    budget), so that its tuned column times measured choices."""
+    budget), so that its tuned column times measured choices. `memory`: the memory state
+    this process was started in (MEMORY_STATES, or "process": whatever it is), recorded in
+    the rows; "warm" also warms up until the heap serves every side's results."""
     # A case of 64-bit dtypes is made, traced and timed with x64 on (see _select_case).
     with jax.enable_x64(True) if case.get("x64") else contextlib.nullcontext():
-        return _measure(case, rounds, min_sample_s, patterns, tune_budget_s)
+        rows = _measure(case, rounds, min_sample_s, patterns, tune_budget_s, memory == "warm")
+    return [r | {"memory": memory} for r in rows]
 
 
 def _measure(case: Case, rounds: int, min_sample_s: float, patterns: Sequence[str],
-             tune_budget_s: float | None) -> list[Row]:
+             tune_budget_s: float | None, settle: bool) -> list[Row]:
     ours, theirs, args = case["make"]()
     if case["op"] == "select" and args[1].dtype.name != case["dtype"]:
         raise RuntimeError(f"{case['name']}: made {args[1].dtype} arrays, not {case['dtype']}")
@@ -248,7 +257,7 @@ def _measure(case: Case, rounds: int, min_sample_s: float, patterns: Sequence[st
     for pattern in patterns:
         sides = _sides(case, ours, theirs, args, host, pattern, check["ort"])
         times, faults, copies, iters = _sample(sides, pattern, rounds, min_sample_s,
-                                               check["copy"])
+                                               check["copy"], settle)
         del sides  # their last results, before the next pattern's calls
         rows.append(_row(case, pattern, times, faults, copies, iters, check) | tuned)
     return rows
@@ -310,13 +319,20 @@ def _sides(case: Case, ours: JaxFn, theirs: JaxFn, args: Args, host: Host, patte
 
 
 def _sample(sides: dict[str, Call], pattern: str, rounds: int, min_sample_s: float,
-            copy: Callable[[], object] | None,
+            copy: Callable[[], object] | None, settle: bool = False,
             ) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float], int]:
     """Per side, its mean seconds and page faults per call in each round, numpy's copy
     time per round (timed apart: a bandwidth yardstick, not a side), and the calls per
-    round."""
+    round. `settle`: after the warm-up, more calls until no side faults in three rounds
+    in a row (at most 32 each): a heap that keeps its freed memory still grows for a few
+    calls before it holds every side's results (docs/performance.md)."""
     calls = list(sides.values())
     _time_sides(calls, pattern, 2)  # warm-up (compiles)
+    quiet = 0
+    for _ in range(32 if settle else 0):
+        quiet = quiet + 1 if max(_time_sides(calls, pattern, 1)[1]) < 16 else 0
+        if quiet == 3:
+            break
     # the sample size: enough calls for min_sample_s
     iters = max(1, int(min_sample_s / max(1e-7, sum(_time_sides(calls, pattern, 2)[0]))))
     times: dict[str, list[float]] = {k: [] for k in sides}
@@ -346,7 +362,10 @@ def _row(case: Case, pattern: str, times: dict[str, list[float]],
                     spread=(max(t_ours) - min(t_ours)) / mo,
                     gbps=case["bytes"] / mo / 1e9, agrees=check["agrees"], picked=check["picked"],
                     iters=iters, rounds=len(t_ours), faults=statistics.median(faults["ours"]),
-                    ref_faults=statistics.median(faults["ref"]), ort_s=None, ort_ratio=None,
+                    ref_faults=statistics.median(faults["ref"]),
+                    faults_differ=faults_differ(statistics.median(faults["ours"]),
+                                                statistics.median(faults["ref"])),
+                    ort_s=None, ort_ratio=None,
                     ort_ratio_min=None, ort_ratio_max=None, ort_agrees=check["ort_agrees"],
                     copy_s=None, copy_frac=None)
     if "ort" in times:
