@@ -171,3 +171,26 @@ SHARDING_MATRIX = [
     "select_batch_uneven",
 ]
 MESH_KINDS = ["auto", "explicit", "explicit_noset"]  # sharding_checks.KINDS
+
+
+def package_modules():
+    """{dotted module name: path} of every Python file of the jax_ext source tree."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = {}
+    for d, _, files in os.walk(os.path.join(root, "jax_ext")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = path
+    return out
+
+
+def import_base(node, pkg):
+    """The absolute module a `from ... import` node names, written in package `pkg`."""
+    base = node.module or ""
+    if node.level:
+        parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    return base

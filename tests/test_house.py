@@ -9,9 +9,10 @@ import re
 import pytest
 
 from jax_ext import _names
+from references import import_base
+from references import package_modules as _modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG = os.path.join(ROOT, "jax_ext")
 FFI = os.path.join(ROOT, "xla_ffi")
 TESTS = os.path.join(ROOT, "tests")
 MAX_PY_BODY, MAX_CC_BODY, MAX_DEPTH = 60, 70, 4
@@ -29,17 +30,6 @@ LAYERS = [
 ]
 
 
-def _modules():
-    out = {}
-    for d, _, files in os.walk(PKG):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                out[rel.removesuffix(".__init__")] = path
-    return out
-
-
 _BUILT = {"jax_ext._jax_ext", "jax_ext._build_info"}  # written by the build, not in the tree
 
 
@@ -51,10 +41,7 @@ def _imports(name, path, mods):
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
+            base = import_base(node, pkg)
             for a in node.names:
                 sub = f"{base}.{a.name}"
                 found.add(sub if sub in mods or sub in _BUILT else base)

@@ -9,23 +9,12 @@ import sys
 import pytest
 
 from jax_ext import _compat
+from references import import_base, package_modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG = os.path.join(ROOT, "jax_ext")
 # jax.extend, jax.ffi, jax.lax, jax.sharding, ... are public; these are not (jax.core is
 # being thinned release by release, jax.experimental promises nothing).
 PRIVATE = ("jax._src", "jax.interpreters", "jax.core", "jax.experimental")
-
-
-def _modules():
-    out = {}
-    for d, _, files in os.walk(PKG):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                out[name.removesuffix(".__init__")] = (path, f == "__init__.py")
-    return out
 
 
 def _dotted(node):
@@ -47,10 +36,7 @@ def _aliases(tree, name, is_pkg):
             for a in node.names:
                 out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
+            base = import_base(node, pkg)
             for a in node.names:
                 out[a.asname or a.name] = f"{base}.{a.name}"
     for node in tree.body:
@@ -62,9 +48,9 @@ def _aliases(tree, name, is_pkg):
 
 class _Resolver:
     def __init__(self):
-        self.mods = _modules()
-        self.aliases = {m: _aliases(ast.parse(open(p).read()), m, pkg)
-                        for m, (p, pkg) in self.mods.items()}
+        self.mods = package_modules()
+        self.aliases = {m: _aliases(ast.parse(open(p).read()), m, p.endswith("__init__.py"))
+                        for m, p in self.mods.items()}
 
     def resolve(self, dotted, module, depth=0):
         """The full name `dotted` (as written in `module`) stands for."""
@@ -94,7 +80,7 @@ def _normalized(full):
 
 def used_private_names():
     r, found = _Resolver(), {}
-    for m, (path, _) in r.mods.items():
+    for m, path in r.mods.items():
         for node in ast.walk(ast.parse(open(path).read())):
             names = []
             if isinstance(node, (ast.Attribute, ast.Name)):
