@@ -663,8 +663,10 @@ def test_without_x64_offsets_travel_as_int32():
 
 def test_large_threaded_paths_native_equals_lax():
     """Big enough for the threaded and streaming (>= 16 MiB result) gather paths and for
-    both scatter-add partitions (columns for long rows, output rows for short ones),
-    with heavy duplication: native and lax agree bit for bit."""
+    every scatter-add partition (contributions sorted by output row for long rows, columns
+    for long rows of too few output rows, output rows for short ones; streamed from 16 MiB
+    of result), with heavy duplication, padded sub-rows and every way of accumulating:
+    native and lax agree bit for bit."""
     rng = np.random.default_rng(11)
     src = jnp.asarray(rng.standard_normal((2048, 1024)).astype(np.float32))
     index = jnp.asarray(rng.integers(-8, 2060, 4160).astype(np.int32))
@@ -672,12 +674,18 @@ def test_large_threaded_paths_native_equals_lax():
                                                    num_indices=4100)), src, index)
     assert got.nbytes >= 16 << 20
     np.testing.assert_array_equal(got[:5], ref_gather(np.asarray(src), [0], 0, index[:5]))
-    for shape in [(64, 256), (512, 8)]:
-        s = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+    cases = [((64, 256), np.float32), ((512, 8), np.float32), ((3, 4096), np.float32),
+             ((16384, 256), np.float32), ((4096, 130), np.float32),
+             ((2048, 3, 50), np.float32), ((4096, 130), np.float64),
+             ((4096, 130), np.complex64), ((4096, 130), ml_dtypes.bfloat16)]
+    for shape, dtype in cases:
+        item = np.dtype(dtype).itemsize
+        s = jnp.asarray(rng.standard_normal(shape).astype(dtype))
         idx = jnp.asarray(rng.integers(-2, shape[0] + 2, 20000).astype(np.int32))
-        ct = jnp.asarray(rng.standard_normal((20000, row_len(shape[1], 4, 32)))
-                         .astype(np.float32))
+        c = rng.standard_normal((20000, *shape[1:-1], row_len(shape[-1], item, 32)))
+        ct = jnp.asarray(c.astype(dtype))
         g = both(jax.jit(lambda s, i, c: jax.vjp(lambda s: jax_ext.gather(s, [0], 0, i), s)[1](c)[0]),
                  s, idx, ct)
         ws, _ = dense_grads(np.asarray(s), [0], 0, np.asarray(idx), np.asarray(ct))
-        np.testing.assert_allclose(g, ws, rtol=1e-4, atol=1e-3)
+        tol = 2e-2 if item == 2 else 1e-4
+        np.testing.assert_allclose(np.asarray(g).astype(ws.dtype), ws, rtol=tol, atol=tol * 10)

@@ -2,9 +2,10 @@
 // rows that gathered real data are added into a zeroed output laid out like src (batch
 // dims broadcast: several batch elements accumulate into one output), padding columns and
 // padded rows are dropped. Every output element receives its contributions in (b, i,
-// column) order whatever the thread count: threads own disjoint columns (long rows) or
-// disjoint output rows (short rows), never the same element, so there are no lost updates
-// and the result is deterministic. float16/bfloat16 accumulate in float32 and round once
+// column) order whatever the thread count: threads own disjoint output rows (long rows,
+// contributions sorted stably by row; short rows) or disjoint columns (long rows of few
+// output rows), never the same element, so there are no lost updates and the result is
+// deterministic. float16/bfloat16 accumulate in float32 and round once
 // at the end.
 #include <algorithm>
 #include <cstdint>
@@ -194,6 +195,60 @@ void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int6
   });
 }
 
+// Long rows: the contributions sorted by output row (a stable counting sort, so each row
+// still receives them in ct order), then each task writes a range of output rows once, in
+// order, reading the ct rows it needs (prefetched a few ahead). A row with one
+// contribution streams straight into the output; one with several is summed in a
+// cache-resident row first and then streamed. So each output line is written once and
+// never read, instead of read and written at random as contributions arrive.
+template <typename Acc, Conv C>
+void AddBySortedRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
+                     int64_t total_rows, int64_t out_rows, int64_t threads) {
+  std::vector<int64_t> start(static_cast<size_t>(out_rows) + 1, 0);
+  for (int64_t u = 0; u < total_rows; ++u)
+    if (targets[u] >= 0) ++start[(targets[u] & ~kFirst) + 1];
+  for (int64_t t = 0; t < out_rows; ++t) start[t + 1] += start[t];
+  std::vector<int64_t> order(static_cast<size_t>(start[out_rows]));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t u = 0; u < total_rows; ++u)
+      if (targets[u] >= 0) order[fill[targets[u] & ~kFirst]++] = u;
+  }
+  using Stored = typename RowAdder<Acc, C>::Stored;
+  const int64_t E = add.E;
+  const int64_t span = std::min<int64_t>(E, add.row_ct) * int64_t(sizeof(Stored));
+  const int64_t ahead = std::clamp<int64_t>(8192 / std::max<int64_t>(1, span), 2, 64);
+  const int64_t min_rows = std::max<int64_t>(1, out_rows / threads);
+  ParallelFor(pool, out_rows, min_rows, [&](int64_t rb, int64_t re) {
+    std::vector<Acc> row(add.stream ? static_cast<size_t>(E) : 0);
+    RowAdder<Acc, C> into_row = add;  // sums a row of several contributions in `row`
+    into_row.acc = row.data();
+    into_row.stream = false;
+    RowAdder<Acc, C> cached = add;  // no streaming: the output stays in cache anyway
+    cached.stream = false;
+    const int64_t p1 = start[re];
+    for (int64_t t = rb; t < re; ++t) {
+      const int64_t a = start[t], z = start[t + 1];
+      for (int64_t p = a; p < z; ++p) {
+        if (p + ahead < p1) {
+          const char* q = reinterpret_cast<const char*>(add.ct + order[p + ahead] * add.row_ct);
+          for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(q + o, 0, 0);
+        }
+        const int64_t first = p == a ? kFirst : 0;
+        if (!add.stream)
+          cached(order[p], t | first, 0, E);
+        else if (z - a == 1)
+          add(order[p], t | kFirst, 0, E);
+        else
+          into_row(order[p], first, 0, E);
+      }
+      if (add.stream && z - a > 1)
+        StreamBytes(add.acc + t * E, row.data(), E * int64_t(sizeof(Acc)));
+    }
+    if (add.stream) StreamFence();
+  });
+}
+
 // Short rows: each task owns a range of output rows and scans every target.
 template <typename Acc, Conv C>
 void AddByRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
@@ -257,7 +312,10 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_
       static_cast<const Stored*>(ct_data), acc, E, L, g.last * lanes, g.inner * L, stream};
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t work = total_rows * E * int64_t(sizeof(Acc));
-  if (E >= 128 && work >= 2 * kGatherMinChunkBytes)
+  const int64_t out_rows = E > 0 ? out_n / E : 0;
+  if (E >= 128 && work >= 2 * kGatherMinChunkBytes && out_rows >= 2 * threads)
+    AddBySortedRows(pool, add, targets, total_rows, out_rows, threads);
+  else if (E >= 128 && work >= 2 * kGatherMinChunkBytes)  // too few rows to share out
     AddByColumns(pool, add, targets, total_rows, threads, nt_first);
   else
     AddByRows(pool, add, targets, total_rows, threads, out_n, work);
