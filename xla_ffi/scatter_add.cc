@@ -201,19 +201,21 @@ void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int6
 // contribution streams straight into the output; one with several is summed in a
 // cache-resident row first and then streamed. So each output line is written once and
 // never read, instead of read and written at random as contributions arrive.
-template <typename Acc, Conv C>
+// I: the index type of the sort's two arrays, 32-bit where the rows fit (under a low mmap
+// threshold each array is a fresh mapping per call, a page fault per 4 KiB).
+template <typename I, typename Acc, Conv C>
 void AddBySortedRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int64_t* targets,
                      int64_t total_rows, int64_t out_rows, int64_t threads) {
-  std::vector<int64_t> start(static_cast<size_t>(out_rows) + 1, 0);
+  std::vector<I> start(static_cast<size_t>(out_rows) + 1, 0);
   for (int64_t u = 0; u < total_rows; ++u)
     if (targets[u] >= 0) ++start[(targets[u] & ~kFirst) + 1];
   for (int64_t t = 0; t < out_rows; ++t) start[t + 1] += start[t];
-  std::vector<int64_t> order(static_cast<size_t>(start[out_rows]));
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t u = 0; u < total_rows; ++u)
-      if (targets[u] >= 0) order[fill[targets[u] & ~kFirst]++] = u;
-  }
+  std::unique_ptr<I[]> order(new I[static_cast<size_t>(start[out_rows])]);
+  // start[t] serves as row t's cursor, which ends at row t + 1's start; shifted back after.
+  for (int64_t u = 0; u < total_rows; ++u)
+    if (targets[u] >= 0) order[start[targets[u] & ~kFirst]++] = static_cast<I>(u);
+  for (int64_t t = out_rows; t > 0; --t) start[t] = start[t - 1];
+  start[0] = 0;
   using Stored = typename RowAdder<Acc, C>::Stored;
   const int64_t E = add.E;
   const int64_t span = std::min<int64_t>(E, add.row_ct) * int64_t(sizeof(Stored));
@@ -226,12 +228,13 @@ void AddBySortedRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const i
     into_row.stream = false;
     RowAdder<Acc, C> cached = add;  // no streaming: the output stays in cache anyway
     cached.stream = false;
-    const int64_t p1 = start[re];
+    const int64_t p1 = static_cast<int64_t>(start[re]);
     for (int64_t t = rb; t < re; ++t) {
-      const int64_t a = start[t], z = start[t + 1];
+      const int64_t a = static_cast<int64_t>(start[t]), z = static_cast<int64_t>(start[t + 1]);
       for (int64_t p = a; p < z; ++p) {
         if (p + ahead < p1) {
-          const char* q = reinterpret_cast<const char*>(add.ct + order[p + ahead] * add.row_ct);
+          const char* q = reinterpret_cast<const char*>(
+              add.ct + static_cast<int64_t>(order[p + ahead]) * add.row_ct);
           for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(q + o, 0, 0);
         }
         const int64_t first = p == a ? kFirst : 0;
@@ -313,9 +316,12 @@ ffi::Error ScatterRun(ffi::ThreadPool& pool, const RowLayout& g, const void* ct_
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t work = total_rows * E * int64_t(sizeof(Acc));
   const int64_t out_rows = E > 0 ? out_n / E : 0;
-  if (E >= 128 && work >= 2 * kGatherMinChunkBytes && out_rows >= 2 * threads)
-    AddBySortedRows(pool, add, targets, total_rows, out_rows, threads);
-  else if (E >= 128 && work >= 2 * kGatherMinChunkBytes)  // too few rows to share out
+  const bool long_rows = E >= 128 && work >= 2 * kGatherMinChunkBytes;
+  if (long_rows && out_rows >= 2 * threads && total_rows <= int64_t{UINT32_MAX})
+    AddBySortedRows<uint32_t>(pool, add, targets, total_rows, out_rows, threads);
+  else if (long_rows && out_rows >= 2 * threads)
+    AddBySortedRows<int64_t>(pool, add, targets, total_rows, out_rows, threads);
+  else if (long_rows)  // too few output rows to share out
     AddByColumns(pool, add, targets, total_rows, threads, nt_first);
   else
     AddByRows(pool, add, targets, total_rows, threads, out_n, work);
