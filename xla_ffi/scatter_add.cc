@@ -226,8 +226,6 @@ void AddBySortedRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const i
     RowAdder<Acc, C> into_row = add;  // sums a row of several contributions in `row`
     into_row.acc = row.data();
     into_row.stream = false;
-    RowAdder<Acc, C> cached = add;  // no streaming: the output stays in cache anyway
-    cached.stream = false;
     const int64_t p1 = static_cast<int64_t>(start[re]);
     for (int64_t t = rb; t < re; ++t) {
       const int64_t a = static_cast<int64_t>(start[t]), z = static_cast<int64_t>(start[t + 1]);
@@ -238,10 +236,8 @@ void AddBySortedRows(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const i
           for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(q + o, 0, 0);
         }
         const int64_t first = p == a ? kFirst : 0;
-        if (!add.stream)
-          cached(order[p], t | first, 0, E);
-        else if (z - a == 1)
-          add(order[p], t | kFirst, 0, E);
+        if (!add.stream || z - a == 1)  // straight into the result
+          add(order[p], t | first, 0, E);
         else
           into_row(order[p], first, 0, E);
       }
