@@ -15,6 +15,11 @@ os.environ["JAX_EXT_STRICT"] = "1"
 os.environ["JAX_EXT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_ext_test_cache_")
 atexit.register(shutil.rmtree, os.environ["JAX_EXT_CACHE_DIR"], ignore_errors=True)
 
+# The scatter-add streams a result from 16 MiB, or from half the last-level cache where
+# that is larger (xla_ffi/memory.h): fixed at 16 MiB for the suite (its children included),
+# so that the tests of large results reach the streaming stores on every machine.
+os.environ["JAX_EXT_SCATTER_STREAM_BYTES"] = str(16 << 20)
+
 # 64-bit dtypes (float64, int64, uint64, complex128) are part of the contract.
 jax.config.update("jax_enable_x64", True)
 
