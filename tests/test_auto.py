@@ -514,3 +514,36 @@ def test_shipped_corrections_are_documented():
     for path in ("corrections.select_lax_one_full_operand",
                  "corrections.gather_lax_fused_short_rows"):
         assert "tuning" in t.about[path]
+
+
+def test_auto_keeps_xla_in_place_for_a_donated_then(table):
+    """A select whose `then` is donated and shaped like the result runs XLA's fused loop in
+    place under auto (both sides update the same bytes; XLA's loop was the faster), while
+    the same call without donation, or with a broadcast `then`, takes the kernel the table
+    prefers. Bits equal the lax path's and numpy's either way; the donated buffer is
+    reused."""
+    rng = np.random.default_rng(4)
+    c = rng.integers(0, 2, BIG).astype(bool)
+    x, y = rng.standard_normal((2, BIG)).astype(np.float32)
+    want = np.where(c, x, y)
+    donated = jax.jit(jax_ext.select, donate_argnums=1)
+    text = donated.lower(c, x, y).as_text()
+    assert "jax_ext_select_v2" not in text
+    assert "tf.aliasing_output" in text or "jax.buffer_donor" in text
+    t = jnp.array(x)
+    ptr = t.unsafe_buffer_pointer()
+    out = donated(c, t, y)
+    assert out.unsafe_buffer_pointer() == ptr and t.is_deleted()
+    assert_bits_equal(out, want)
+    # the same site without donation: the kernel, as the table says
+    assert _choices(jax_ext.select, c, x, y) == [("select", "native")]
+    assert "jax_ext_select_v2" in jax.jit(jax_ext.select).lower(c, x, y).as_text()
+    # donated but broadcast (not shaped like the result): no in-place update to keep
+    bcast = jax.jit(jax_ext.select, donate_argnums=1)
+    c2 = rng.integers(0, 2, (256, BIG // 256)).astype(bool)
+    assert "jax_ext_select_v2" in bcast.lower(c2, x[: BIG // 256], y.reshape(256, -1)).as_text()
+    # explain sees the jitted function's donation, as its lowering does
+    (d,) = jax_ext.explain(donated, c, x, y)
+    assert d.impl == "lax" and "x: argument (donated)" in d.reason, d
+    (d,) = jax_ext.explain(jax.jit(jax_ext.select), c, x, y)
+    assert d.impl == "native" and "donated" not in d.reason, d

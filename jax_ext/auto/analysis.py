@@ -310,6 +310,7 @@ class Operand:
     nbytes: int
     in_memory: bool  # already in memory whatever runs (an argument, a dot's result, ...)
     producer: str    # what produces it ("small": not looked at)
+    donated: bool = False  # an argument of the jitted function that the caller donated
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ class Site:
     key: str            # the site's fingerprint (see fingerprint())
 
     def notes(self) -> str:
-        parts = [f"{o.name}: {o.producer}" if o.in_memory else
+        parts = [f"{o.name}: {o.producer}{' (donated)' if o.donated else ''}" if o.in_memory else
                  f"{o.name} comes from {o.producer}, which would fuse"
                  for o in self.operands if o.producer != "small"]
         return ", ".join(parts + [self.consumer])
@@ -363,9 +364,10 @@ def site(op: str, prim: Any, ctx: Any, args: Sequence[Any], params: dict[str, An
             ops.append(Operand(name, n, True, "small"))
             continue
         mem, what = producer(v, stack)
-        ops.append(Operand(name, n, mem, what))
+        ops.append(Operand(name, n, mem, what, _compat.is_donated_block_argument(v)))
         if not mem:
             rereads[name] = producer_reads(v)
     kept, why = consumers(prim)
-    key = fingerprint(op, ctx, params, [o.producer for o in ops] + [why])
+    key = fingerprint(op, ctx, params,
+                      [o.producer + (" (donated)" if o.donated else "") for o in ops] + [why])
     return Site(op, out, tuple(ops), rereads, kept, why, key)

@@ -94,7 +94,9 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
     Args:
         fn: a function, or a ``jax.jit``-ed one with its ``static_argnums`` /
             ``static_argnames``: pass the arguments as you would call it, static ones
-            included, e.g. ``explain(jax.jit(f, static_argnums=1), x, 3)``.
+            included, e.g. ``explain(jax.jit(f, static_argnums=1), x, 3)``. Its
+            ``donate_argnums`` are kept (a select on a donated ``then`` runs lax, see
+            ``select``).
         *args: the arguments, as for the call. Arrays (anything with ``shape`` and
             ``dtype``, ``jax.ShapeDtypeStruct`` included) are traced; every other leaf
             (an int, a string, None) is passed to ``fn`` as the Python value itself, as
@@ -105,10 +107,30 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
         One :class:`Decision` per call site, in lowering order.
     """
     import jax
-    traced, dyn = traceable(fn, args, kwargs)
+    donate = donated_leaves(fn, args, kwargs)
+    # A jit nested in ours would see its arguments as values of ours, never donated: its
+    # own function is traced instead, with its donations.
+    traced, dyn = traceable(getattr(fn, "__wrapped__", fn) if donate else fn, args, kwargs)
     with recording() as decisions:
-        jax.jit(traced).trace(*dyn).lower(lowering_platforms=("cpu",))
+        jax.jit(traced, donate_argnums=donate).trace(*dyn).lower(lowering_platforms=("cpu",))
     return list(decisions)
+
+
+def donated_leaves(fn: Callable[..., Any], args: Sequence[Any],
+                   kwargs: Mapping[str, Any]) -> tuple[int, ...]:
+    """Which array leaves of (args, kwargs), counted as `traceable` counts them, a jitted
+    `fn` donates, read from its trace (jit's own ``args_info``); () for a function that is
+    not jitted, or where jit traces other leaves than the arrays (a Python number passed
+    as a traced argument), which only leaves a donated call explained as not donated."""
+    import jax
+    trace = getattr(fn, "trace", None)
+    if trace is None:
+        return ()
+    info = jax.tree.leaves(trace(*args, **kwargs).args_info)
+    leaves = jax.tree.leaves((tuple(args), dict(kwargs)))
+    if len(info) != sum(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves):
+        return ()
+    return tuple(k for k, a in enumerate(info) if getattr(a, "donated", False))
 
 
 def traceable(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
