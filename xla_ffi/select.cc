@@ -80,7 +80,7 @@ using InPlaceFn = void (*)(int64_t, const uint8_t*, int64_t, const T*, int64_t, 
 // The loops compiled twice: for the baseline the wheels target (SSE2 on x86-64) and, on
 // x86-64, for AVX2, chosen at run time. XLA compiles its own loops for the machine it runs
 // on; on an Intel Xeon the baseline in-place select of 2^22 f32 ran at 0.59-0.73x of
-// `jnp.where`'s speed, the AVX2 one at 0.79-0.88x (docs/performance.md, "The select's loops
+// `jnp.where`'s speed, the AVX2 one at 0.76-0.88x (docs/performance.md, "The select's loops
 // for AVX2").
 struct Baseline {
   template <typename T, int CS, int XS, int YS>

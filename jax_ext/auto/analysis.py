@@ -312,6 +312,10 @@ class Operand:
     producer: str    # what produces it ("small": not looked at)
     donated: bool = False  # an argument of the jitted function that the caller donated
 
+    def source(self) -> str:
+        """Its producer, and whether the caller donated it."""
+        return self.producer + (" (donated)" if self.donated else "")
+
 
 @dataclass(frozen=True)
 class Site:
@@ -325,7 +329,7 @@ class Site:
     key: str            # the site's fingerprint (see fingerprint())
 
     def notes(self) -> str:
-        parts = [f"{o.name}: {o.producer}{' (donated)' if o.donated else ''}" if o.in_memory else
+        parts = [f"{o.name}: {o.source()}" if o.in_memory else
                  f"{o.name} comes from {o.producer}, which would fuse"
                  for o in self.operands if o.producer != "small"]
         return ", ".join(parts + [self.consumer])
@@ -368,6 +372,5 @@ def site(op: str, prim: Any, ctx: Any, args: Sequence[Any], params: dict[str, An
         if not mem:
             rereads[name] = producer_reads(v)
     kept, why = consumers(prim)
-    key = fingerprint(op, ctx, params,
-                      [o.producer + (" (donated)" if o.donated else "") for o in ops] + [why])
+    key = fingerprint(op, ctx, params, [o.source() for o in ops] + [why])
     return Site(op, out, tuple(ops), rereads, kept, why, key)
