@@ -225,9 +225,27 @@ def register_batcher(prim: Primitive, rule: BatchRule) -> None:
     batching.fancy_primitive_batchers[prim] = batcher
 
 
-def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, cacheable: bool) -> None:
-    """mlir.register_lowering for every platform."""
-    mlir.register_lowering(prim, rule, platform=None, cacheable=cacheable)
+def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, per_site: bool = False
+                      ) -> None:
+    """mlir.register_lowering for every platform.
+
+    `per_site`: `rule` must run at every equation of `prim` being lowered, not once per
+    (avals, params) as jax's per-module lowering cache would serve it. jax_ext's ops
+    need that for what only the call site knows: auto's choice (producers and consumers),
+    a donated operand, explain's record. jax marks its own such rules (jit, callbacks,
+    custom_vjp) with register_lowering's `cacheable=False`, the one spelling it has. The
+    work that does not depend on the site (tracing and lowering the lax implementation)
+    is cached by jax_ext instead (_lowering.outlined). Should a jax drop the keyword,
+    that is a fallback: the rule is cached, and auto decides once per (avals, params)."""
+    if not per_site:
+        mlir.register_lowering(prim, rule, platform=None)
+        return
+    try:
+        mlir.register_lowering(prim, rule, platform=None, cacheable=False)
+    except TypeError as e:
+        fallback(f"jax's register_lowering has no cacheable flag: {prim.name} is lowered "
+                 "once per (avals, params), and auto decides once for all such sites", e)
+        mlir.register_lowering(prim, rule, platform=None)
 
 
 def enclosing_equations(limit: int = 64) -> list[tuple[Any, Any, dict[Any, Any]]]:

@@ -8,8 +8,10 @@ loop must be written to memory first, and a result a consumer would fuse must be
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -206,8 +208,23 @@ def producer_reads(value: Any) -> int:
         return 0
 
 
+# Each jaxpr's uses, indexed once: id(var) -> the equations reading it, in order. A
+# lowering asks for the uses of every call site's result, and scanning the whole jaxpr
+# each time made auto's lowering grow with the square of the call sites.
+_USES: weakref.WeakKeyDictionary[Any, dict[int, list[Any]]] = weakref.WeakKeyDictionary()
+
+
 def _uses(jaxpr: Any, var: Any) -> list[Any]:
-    return [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
+    index = _USES.get(jaxpr)
+    if index is None:
+        index = {}
+        for e in jaxpr.eqns:
+            for v in e.invars:
+                seen = index.setdefault(id(v), [])
+                if not seen or seen[-1] is not e:
+                    seen.append(e)
+        _USES[jaxpr] = index
+    return index.get(id(var), [])
 
 
 def _inner_jaxpr(eqn: Any) -> Any:
@@ -344,9 +361,16 @@ def fingerprint(op: str, ctx: Any, params: dict[str, Any], context: Sequence[str
     static params and what surrounds it (`context`: what produces each operand and what
     consumes the result). Two call sites with one fingerprint run the same code in the
     same surroundings, so one measured choice serves both."""
-    avals = [a.str_short() for a in list(ctx.avals_in) + list(ctx.avals_out)]
-    static = sorted((k, repr(v)) for k, v in params.items() if k not in ("impl", "api"))
-    text = repr((op, avals, static, list(context)))
+    static = tuple(sorted((k, v) for k, v in params.items() if k not in ("impl", "api")))
+    return _fingerprint(op, tuple(ctx.avals_in) + tuple(ctx.avals_out), static,
+                        tuple(context))
+
+
+@functools.lru_cache(maxsize=4096)  # repeated sites (layers) share one: hashing is per site
+def _fingerprint(op: str, avals: tuple[Any, ...], static: tuple[tuple[str, Any], ...],
+                 context: tuple[str, ...]) -> str:
+    text = repr((op, [a.str_short() for a in avals], [(k, repr(v)) for k, v in static],
+                 list(context)))
     return f"{op}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
