@@ -67,6 +67,10 @@ PRIVATE_NAMES: dict[str, str] = {
     "jax.interpreters.mlir.ir":
         "the MLIR bindings jax lowers with: the custom call's operands, and what auto "
         "reads about producers",
+    "jax.interpreters.mlir.core_call_lowering":
+        "emits a traced lax implementation as one private function that every identical "
+        "site calls (the lax path's lowering stays linear in the call sites); jax offers "
+        "no public way to outline a call inside a lowering rule",
     "jax.interpreters.mlir.jaxpr_subcomp":
         "its frames hold the jaxprs being lowered, from which auto reads a call's "
         "consumers; jax exposes them nowhere else (a fallback where it moves)",

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from . import _compat, _config, _gather_args as _args, _lowering, _names, _rows
+from . import _compat, _config, _eager, _gather_args as _args, _lowering, _names, _rows
 from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 # gather's transpose binds the scatter-add, whose rules _scatter_add registers
 from . import _scatter_add  # noqa: F401
@@ -129,6 +129,55 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
         >>> jax_ext.gather(table, [0], 0, np.array([1]), align_bytes=None).shape
         (1, 5)
     """
+    fast = _eager_args(src, offsets, dim, index, check_bounds, num_indices, pad_value,
+                       align_bytes)
+    if fast is None:
+        return _gather(src, offsets, dim, index, check_bounds, num_indices, pad_value,
+                       align_bytes)
+    return _gather_jit(*fast)
+
+
+def _eager_args(src: object, offsets: object, dim: object, index: object,
+                check_bounds: object, num_indices: object, pad_value: object,
+                align_bytes: object) -> tuple[object, ...] | None:
+    """gather's arguments as its jitted front-end takes them (see _eager), or None where
+    it runs unjitted: static dim, check_bounds and align_bytes of the types gather
+    takes; offsets and num_indices as arrays or Python ints that the checks below keep
+    (jit traces those ints, so the front-end's own range checks would not see them)."""
+    if not (_eager.ENABLED and type(dim) is int and type(check_bounds) in (bool, np.bool_)
+            and (align_bytes is None or type(align_bytes) is int)
+            and _eager.array(src) and _eager.array(index)):
+        return None
+    eager = _eager.concrete(src)  # else traced: Python ints stay constants of the trace
+    if isinstance(offsets, (list, tuple)):
+        offsets = tuple(offsets)
+        if all(type(o) is int for o in offsets):
+            made = _eager.ints(offsets, _args.default_int())
+            if made is None:
+                return None  # out of range: the front-end says so
+            if eager:
+                offsets = made
+        elif not all(type(o) is not int and _eager.array(o) for o in offsets):
+            return None  # mixed: the front-end checks each
+    elif not _eager.array(offsets):
+        return None
+    if type(num_indices) is int:
+        shape = getattr(index, "shape", ())
+        if len(shape) != 1 or type(shape[0]) is not int or not 0 <= num_indices <= shape[0]:
+            return None  # (a symbolic n: the front-end's checks know how to compare)
+        if eager:  # (in range of the default int: n is)
+            num_indices = _eager.ints(num_indices, _args.default_int())
+    elif num_indices is not None and not _eager.array(num_indices):
+        return None
+    pad = pad_value if pad_value is None else _eager.operand(pad_value)
+    if pad is NotImplemented:
+        return None
+    return src, offsets, dim, index, check_bounds, num_indices, pad, align_bytes
+
+
+def _gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
+            index: ArrayLike, check_bounds: bool, num_indices: ArrayLike | None,
+            pad_value: ArrayLike | None, align_bytes: int | None) -> jax.Array:
     fn = "gather"
     if is_extended(src):
         return _gather_keys(src, offsets, dim, index, check_bounds=check_bounds,
@@ -480,6 +529,10 @@ def _gather_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int
     out = _compat.bind(gather_p, *args, dim=dim, row_len=row_len, check_bounds=check_bounds,
                         nbatch=nbatch + 1, impl=impl)
     return out, 0
+
+
+# One dispatch per eager call, traced once per shapes and static values (see _eager).
+_gather_jit = _eager.jitted(_gather, "gather", (2, 4, 7))  # dim, check_bounds, align_bytes
 
 
 # --- registration: every rule of jax_ext_gather -------------------------------------

@@ -24,7 +24,7 @@ from jax import lax
 
 from jax.typing import ArrayLike, DTypeLike
 
-from . import _compat, _config, _lowering, _names
+from . import _compat, _config, _eager, _lowering, _names
 from ._compat import Aval, Primal, SpecEntry, Tangent, ir
 from ._primitives import select_p
 from ._common import (as_array, check_extended, describe, fmt_shape as _fmt, is_arraylike,
@@ -200,6 +200,14 @@ def select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike, *,
         >>> jax_ext.select(np.array([True, False]), then, else_).tolist()  # cond (2,) -> (3, 2)
         [[-1, 10], [1, 8], [3, 6]]
     """
+    ops = _eager.operands(cond, then, else_)
+    if ops is None or type(auto_broadcast) is not str:
+        return _select(cond, then, else_, auto_broadcast)
+    return _select_jit(*ops, auto_broadcast)
+
+
+def _select(cond: ArrayLike, then: ArrayLike, else_: ArrayLike,
+            auto_broadcast: AutoBroadcast) -> jax.Array:
     fn = "select"
     if not isinstance(auto_broadcast, str):  # an array here would make `in` ambiguous
         raise TypeError(f"{fn}: auto_broadcast must be the string 'numpy' or 'none', got "
@@ -263,6 +271,11 @@ def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
         >>> jax_ext.where(c, x, y).tolist()
         [[1, 2, 3], [10, 20, 30]]
     """
+    ops = _eager.operands(condition, x, y)
+    return _where(condition, x, y) if ops is None else _where_jit(*ops)
+
+
+def _where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     fn = "where"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)
@@ -302,6 +315,11 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
         >>> jax_ext.where3(np.array([True, False]), t, e).tolist()  # row mode
         [[1, 2], [7, 8]]
     """
+    ops = _eager.operands(condition, x, y)
+    return _where3(condition, x, y) if ops is None else _where3_jit(*ops)
+
+
+def _where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     fn = "where3"
     condition = _condition(condition, "condition", fn)
     x, y = _values(x, y, ("x", "y"), fn)
@@ -320,6 +338,12 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
                          f"shape of x {_fmt(x.shape)}, or (x of rank >= 2) be a vector of "
                          f"length x.shape[0] = {x.shape[0] if r else '-'}")
     return _bind(condition, x, y, x.shape, [cdims, tuple(range(r)), tuple(range(r))], fn)
+
+
+# One dispatch per eager call, traced once per shapes and static values (see _eager).
+_select_jit = _eager.jitted(_select, "select", (3,))  # auto_broadcast
+_where_jit = _eager.jitted(_where, "where")
+_where3_jit = _eager.jitted(_where3, "where3")
 
 
 # --- the primitive's rules ----------------------------------------------------------

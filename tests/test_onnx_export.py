@@ -443,6 +443,27 @@ def test_inside_nested_jit():
     assert_bits_equal(got, want)
 
 
+def test_eager_calls_before_and_after_an_export():
+    """jax2onnx replaces jax.numpy's functions while it traces. The front-ends' eager jit
+    is off then: an export leaves no replacement in jit's cache for the eager calls after
+    it (same shapes, list offsets, a Python scalar pad: every input jit would otherwise
+    trace), nor uses what those calls put there (the second export is the first's)."""
+    def fn(s, i, m):
+        rows = jax_ext.gather(s, [0], 0, i, pad_value=-1.0)
+        return jax_ext.where(m[:, None], rows, np.float32(0.0))
+    src = values(np.random.default_rng(14), (7, 3), np.float32)  # shapes no other test uses
+    args = (src, np.array([0, 6, 9, -1, 2], np.int32), np.array([True, True, True, False, True]))
+    model = export(fn, args)
+    assert jax_ext._eager.ENABLED  # back on once the export is done
+    with jax.enable_x64(False):  # as the export traced (it turns x64 off)
+        eager = np.asarray(fn(*args))
+    rows = ref_gather(src, (0,), 0, args[1], pad_value=np.float32(-1.0))
+    assert_bits_equal(eager, np_select(args[2][:, None], rows, np.float32(0.0), rows.shape))
+    (got,) = run_ort(model, args, [eager])
+    assert_bits_equal(got, eager)
+    assert export(fn, args).SerializeToString() == model.SerializeToString()
+
+
 # --- symbolic batch dimensions ----------------------------------------------------------------
 
 def test_symbolic_batch():

@@ -217,14 +217,18 @@ _USES: weakref.WeakKeyDictionary[Any, dict[int, list[Any]]] = weakref.WeakKeyDic
 def _uses(jaxpr: Any, var: Any) -> list[Any]:
     index = _USES.get(jaxpr)
     if index is None:
-        index = {}
-        for e in jaxpr.eqns:
-            for v in e.invars:
-                seen = index.setdefault(id(v), [])
-                if not seen or seen[-1] is not e:
-                    seen.append(e)
-        _USES[jaxpr] = index
+        index = _USES[jaxpr] = _index_uses(jaxpr)
     return index.get(id(var), [])
+
+
+def _index_uses(jaxpr: Any) -> dict[int, list[Any]]:
+    index: dict[int, list[Any]] = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            seen = index.setdefault(id(v), [])
+            if not seen or seen[-1] is not e:
+                seen.append(e)
+    return index
 
 
 def _inner_jaxpr(eqn: Any) -> Any:

@@ -25,7 +25,8 @@ TESTED = ((0, 17), (0, 18))  # >= 0.17, < 0.18
 # (module, attribute, the parameters jax_ext passes or reads) for every piece it uses.
 INTERFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("jax2onnx", "to_onnx", ("fn", "inputs", "opset", "enable_double_precision")),
-    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin", ()),
+    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin", ("binding_specs",)),
+    ("jax2onnx.plugins.plugin_system", "AssignSpec", ()),
     ("jax2onnx.plugins.plugin_system", "register_primitive", ()),
     ("jax2onnx.plugins.plugin_system", "PLUGIN_REGISTRY", ()),
     ("jax2onnx.converter.ir_context", "IRContext",
@@ -53,7 +54,10 @@ def interface_problems() -> list[str]:
             problems.append(f"{module}.{attr}: {e}")
             continue
         if inspect.isclass(obj):  # its attributes, and those its __init__ sets
-            init = inspect.getsource(obj.__init__)
+            try:
+                init = inspect.getsource(obj.__init__)
+            except (OSError, TypeError):  # generated (a dataclass's): its fields are in dir
+                init = ""
             have = set(dir(obj)) | {n for n in names if re.search(rf"self\.{n}\s*[:=]", init)}
         elif callable(obj):
             have = set(inspect.signature(obj).parameters)
@@ -148,8 +152,14 @@ def register(primitive: str, onnx_ops: Sequence[str], lower: Lowering) -> None:
         aval = eqn.outvars[0].aval
         g.bind(lower(g, eqn.params, [v.aval for v in eqn.invars], aval), aval)
 
+    def binding_specs(cls: Any) -> list[Any]:
+        # While jax2onnx traces (with jax.numpy's functions replaced by its own), the
+        # front-ends run unjitted: traced through jit, the replacements would stay in
+        # jit's cache and run on a later eager call.
+        return [plugin_system.AssignSpec("jax_ext._eager", "ENABLED", False)]
+
     plugin = type(f"JaxExt_{primitive}_Plugin", (plugin_system.PrimitiveLeafPlugin,),
-                  {"lower": lower_eqn})
+                  {"lower": lower_eqn, "binding_specs": classmethod(binding_specs)})
     plugin_system.register_primitive(
         jaxpr_primitive=primitive, context="primitives.jax_ext", component=primitive,
         onnx=[{"component": o, "doc": f"https://onnx.ai/onnx/operators/onnx__{o}.html"}
