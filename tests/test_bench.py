@@ -558,7 +558,7 @@ def test_overhead_rows_run_in_a_child_under_the_process_state(tmp_path, children
                        "--plot", str(tmp_path / "b.png")]) == 0
     (cmd,) = children
     assert cmd[cmd.index("--memory") + 1] == "process"
-    assert cmd[cmd.index("--sites") + 1] == "10,40"
+    assert cmd[cmd.index("--sites") + 1] == "5,20"
     (row,) = json.loads(out.read_text())["results"]
     assert row["memory"] == "process" and row["pattern"] == "reused" and row["agrees"]
 

@@ -62,11 +62,11 @@ program of N call sites (each a gather and a where) and its gradient, traced and
 for jax_ext under implementation "auto", "lax" and "native", three times with the sides
 alternating; medians, the ratio jnp/jax_ext (> 1: jax_ext is faster) and the growth from
 the smaller N to the larger. N is 100 and 400 when the group runs alone, 25 and 100 in
-the full run (the gradient's XLA compile at 400 sites takes minutes), 10 and 40 with
---quick; ``--sites`` sets them. Its arrays are small, so it runs under the benchmark's own
-allocator settings ("process"), in a process of its own, whatever --memory says. It has
-tables of its own (printed after the main table and written by --report; kind
-"overhead" in the JSON) and no panel in the plot.
+the full run (at 400 sites the gradient's XLA compiles alone take about three minutes
+on two cores), 5 and 20 with --quick; ``--sites`` sets them. Its arrays are small, so it
+runs under the benchmark's own allocator settings ("process"), in a process of its own,
+whatever --memory says. It has tables of its own (printed after the main table and
+written by --report; kind "overhead" in the JSON) and no panel in the plot.
 
 Every case runs under two memory states, the same for both sides, each in a process of
 its own (``--memory``): "warm", where glibc keeps freed memory and results land on memory
@@ -270,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", type=_sites_arg, default=None, metavar="N1,N2",
                    help="the overhead group's two numbers of call sites (default: 100,400 "
                         "when the run is that group alone, --only overhead; 25,100 in a run "
-                        "of other groups too; 10,40 with --quick)")
+                        "of other groups too; 5,20 with --quick)")
     return p
 
 

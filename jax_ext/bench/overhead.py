@@ -41,7 +41,7 @@ Array = jax.Array
 # takes about a minute a repetition on two cores), and with --quick.
 SITES_ALONE = (100, 400)
 SITES_FULL = (25, 100)
-SITES_QUICK = (10, 40)
+SITES_QUICK = (5, 20)
 REPEATS = 3  # each lowering measurement, alternating the sides; medians
 IMPLS: tuple[ImplementationName, ...] = ("auto", "lax", "native")
 SIDES = ("jnp", *IMPLS)
