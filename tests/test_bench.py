@@ -486,3 +486,134 @@ def test_a_case_child_gets_the_device_count_of_the_sharded_cases(monkeypatch):
     assert cli._isolated("shard x", a, 3, "warm") == []
     assert cmds[0][cmds[0].index("--devices") + 1] == "4"
     assert cmds[0][cmds[0].index("--memory") + 1] == "warm"
+
+
+# --- the overhead group (jax-ext-bench --only overhead) ---------------------------------
+
+def _finite_positive(*xs):
+    import math
+    return all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in xs)
+
+
+def test_overhead_group_alone_writes_its_tables_json_and_report(tmp_path, monkeypatch):
+    """`--only overhead`: eager rows (reused arguments only, whatever --pattern says) and
+    the N-site program's trace+lower and compile rows, a row per N and implementation,
+    with growth on the larger N; a group of their own in the JSON and the report (numbers
+    checked for sense, never for speed)."""
+    from jax_ext.bench import kinds, overhead
+    if not jax_ext.native_available():
+        pytest.skip("the lowering rows compile forced native too")
+    monkeypatch.setattr(overhead, "REPEATS", 2)
+    out, report = tmp_path / "b.json", tmp_path / "overhead.md"
+    assert bench.main(["--same-process", "--quick", "--only", "overhead", "--sites", "2,3",
+                       "--rounds", "3", "--pattern", "fresh", "--json", str(out),
+                       "--plot", str(tmp_path / "b.png"), "--report", str(report)]) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["sites"] == [2, 3] and data["meta"]["overhead_repeats"] == 2
+    assert data["meta"]["memory"] == {"process": {}}
+    rows = data["results"]
+    assert {r["kind"] for r in rows} == {kinds.OVERHEAD}
+    eager = [r for r in rows if r["op"] == "eager"]
+    assert [r["name"] for r in eager] == [c["name"] for c in overhead.eager_cases()]
+    for front in ("where(c, x, y)", "where(c, x, 0.0)", "select(", "where3(", "gather f32",
+                  "grad of sum(gather)"):
+        assert sum(front in r["name"] for r in eager) == 1, front
+    for r in eager:
+        assert r["pattern"] == "reused" and r["agrees"] and r["rounds"] == 3, r["name"]
+        assert _finite_positive(r["ours_s"], r["ref_s"], r["ratio"], r["native_ratio"],
+                                r["lax_ratio"]), r
+    lowering = [r for r in rows if r["op"] == "lowering"]
+    assert sorted((r["grad"], r["sites"], r["impl"]) for r in lowering) == sorted(
+        (g, n, i) for g in (False, True) for n in (2, 3) for i in ("auto", "lax", "native"))
+    for r in lowering:
+        assert r["agrees"] and r["repeats"] == 2 and r["memory"] == "process"
+        assert _finite_positive(r["tl_s"], r["tl_ref_s"], r["compile_s"], r["compile_ref_s"])
+        assert r["tl_ratio_min"] <= r["tl_ratio"] <= r["tl_ratio_max"]
+        assert r["compile_ratio_min"] <= r["compile_ratio"] <= r["compile_ratio_max"]
+        growth = [r[f"{k}_growth"] for k in ("tl", "tl_ref", "compile", "compile_ref")]
+        if r["sites"] == 3:
+            assert _finite_positive(*growth)
+        else:
+            assert growth == [None] * 4
+        # forced native: every site a custom call (forward: 2 per site; the gradient adds
+        # the scatter-adds and the where's transposes); forced lax: none
+        assert (r["native_calls"] >= 2 * r["sites"]) if r["impl"] == "native" else \
+            r["impl"] == "auto" or r["native_calls"] == 0
+    text = report.read_text()
+    assert "`jax-ext-bench --only overhead --report PATH`" in text
+    assert "| eager call |" in text and "| program | sites | impl | trace+lower |" in text
+    assert "| case |" not in text  # no timed rows: no main table
+    assert "overhead group: programs of 2 and 3 call sites" in text
+    assert str(tmp_path) not in text and not re.search(r"\d{4}-\d\d-\d\d|UTC", text)
+
+
+def test_overhead_rows_run_in_a_child_under_the_process_state(tmp_path, children):
+    """Rows not about memory: each overhead case runs once, in a process of its own with
+    the benchmark's allocator settings, whatever --memory says (default: both states),
+    and the child is told the numbers of call sites."""
+    out = tmp_path / "b.json"
+    impl = "auto" if jax_ext.native_available() else "lax"
+    assert bench.main(["--quick", "--impl", impl, "--only", "overhead eager where(c, x, y)",
+                       "--rounds", "3", "--json", str(out),
+                       "--plot", str(tmp_path / "b.png")]) == 0
+    (cmd,) = children
+    assert cmd[cmd.index("--memory") + 1] == "process"
+    assert cmd[cmd.index("--sites") + 1] == "5,20"
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["memory"] == "process" and row["pattern"] == "reused" and row["agrees"]
+
+
+def test_overhead_sites_by_run(capsys):
+    """The lowering rows' numbers of call sites: the issue's 100 and 400 when the run is
+    the overhead group alone, fewer in a run of every group (the gradient's compile at
+    400 sites takes minutes), fewest with --quick; --sites sets them."""
+    from jax_ext.bench import cli, kinds, overhead
+
+    def sites(*argv):
+        return cli._sites(cli._parser().parse_args(list(argv), namespace=cli._Options()))
+    assert sites("--only", "overhead") == overhead.SITES_ALONE == (100, 400)
+    assert sites("--only", "overhead lowering") == overhead.SITES_ALONE
+    assert sites() == sites("--only", "gather") == overhead.SITES_FULL
+    assert sites("--quick", "--only", "overhead") == overhead.SITES_QUICK
+    assert sites("--sites", "3,7") == (3, 7)
+    for bad in ("4,2", "0,3", "5", "a,b"):
+        with pytest.raises(SystemExit):
+            sites("--sites", bad)
+    assert "--sites" in capsys.readouterr().err
+    # a full run holds the group, with the smaller pair
+    full = [c for c in bench.all_cases(quick=False) if c["kind"] == kinds.OVERHEAD]
+    assert len(full) == len(overhead.eager_cases()) + 2
+    assert all(c["name"].startswith("overhead ") for c in full)
+    assert [c["sites"] for c in full if c["op"] == "lowering"] == [[25, 100]] * 2
+
+
+def test_overhead_tables_read_ratios_and_growth():
+    """The overhead tables: ratio = jnp / jax_ext (as everywhere in the benchmark), seconds
+    of tracing and compiling, growth on the larger N only."""
+    from jax_ext.bench.report import overhead_tables
+    base = dict(kind="overhead", op="lowering", name="overhead lowering N-site program",
+                pattern="lowering", impl="auto", grad=False, repeats=3, tl_s=0.5,
+                tl_ref_s=0.25, tl_ratio=0.5, tl_ratio_min=0.4, tl_ratio_max=0.6,
+                compile_s=2.5, compile_ref_s=2.0, compile_ratio=0.8, compile_ratio_min=0.7,
+                compile_ratio_max=0.9, native_calls=0, agrees=True, tl_growth=None,
+                tl_ref_growth=None, compile_growth=None, compile_ref_growth=None)
+    rows = [dict(base, sites=100),
+            dict(base, sites=400, tl_growth=4.2, tl_ref_growth=3.9, compile_growth=4.5,
+                 compile_ref_growth=4.1)]
+    eager = dict(kind="overhead", op="eager", name="overhead eager gather f32 64x8 n=16",
+                 pattern="reused", ours_s=3e-5, ref_s=2e-5, ratio=0.67, ratio_min=0.6,
+                 ratio_max=0.7, spread=0.1, native_ratio=0.7, lax_ratio=0.6, agrees=True,
+                 picked="gather:native")
+    md = overhead_tables([eager, *rows], markdown=True)
+    assert "jnp's time / jax_ext's" in md and "100 and 400 call sites" in md
+    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    assert cells[2][:5] == ["gather f32 64x8 n=16", "30.0 us", "10%", "20.0 us",
+                            "0.67x [0.60-0.70]"]
+    head = cells[3]
+    col = {h: i for i, h in enumerate(head)}
+    assert cells[5][col["trace+lower"]] == "500.0 ms" and cells[5][col["compile"]] == "2.50 s"
+    assert cells[5][col["trace+lower growth"]] == "-"
+    assert cells[6][col["trace+lower growth"]] == "4.20x (jnp 3.90x)"
+    assert cells[6][col["compile growth"]] == "4.50x (jnp 4.10x)"
+    assert overhead_tables([dict(eager, kind="single calls")]) == ""

@@ -4,7 +4,8 @@ one process, and the calibration of implementation "auto"'s cost model
 
 Modules: ``cli`` (the command), ``timing`` (alternating calls), ``report`` (table, machine
 header), ``plot``, the cases per op (``select``, ``gather``), whole ``programs``, ``sharded``
-cases, the ``kinds`` of rows (single calls, element-wise and sparse programs), the
+cases, the ``overhead`` group (eager calls, tracing, lowering and compiling), the ``kinds``
+of rows (single calls, element-wise and sparse programs, overhead), the
 ``records`` (what a case, a result row and the run's header hold), and ``calibrate``.
 """
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
     jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
                   [--memory both|warm|fresh|process]
-                  [--impl auto|native|lax] [--tune [--tune-budget S]]
+                  [--impl auto|native|lax] [--tune [--tune-budget S]] [--sites N1,N2]
                   [--json bench.json] [--plot bench.png] [--report benchmark.md]
+    jax-ext-bench --only overhead [--report PATH]
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
 
 Each case jits both functions, checks they agree bit for bit, then times them call by
@@ -51,6 +52,22 @@ tuned on this machine before). ``--impl native`` / ``--impl lax`` force one ever
 Rows are grouped by kind: single calls, element-wise programs (selects among other ops)
 and sparse programs (built on row gathers).
 
+The overhead group (``--only overhead``, and a group of its own in the full run) measures
+what jax_ext costs outside its kernels, against jnp in the same process. Eager calls:
+each front-end (where, where with a Python scalar, select, where3, gather) and
+``jax.grad`` of a gather, called outside jit on small arrays, alternating call by call as
+above (reused arguments only: the time is the dispatch). Trace+lower and compile: a
+program of N call sites (each a gather and a where) and its gradient, traced and lowered
+(``jax.jit(f).trace(*args).lower()``) and compiled, each time a new function, for jnp and
+for jax_ext under implementation "auto", "lax" and "native", three times with the sides
+alternating; medians, the ratio jnp/jax_ext (> 1: jax_ext is faster) and the growth from
+the smaller N to the larger. N is 100 and 400 when the group runs alone, 25 and 100 in
+the full run (at 400 sites the gradient's XLA compiles alone take about three minutes
+on two cores), 5 and 20 with --quick; ``--sites`` sets them. Its arrays are small, so it
+runs under the benchmark's own allocator settings ("process"), in a process of its own,
+whatever --memory says. It has tables of its own (printed after the main table and
+written by --report; kind "overhead" in the JSON) and no panel in the plot.
+
 Every case runs under two memory states, the same for both sides, each in a process of
 its own (``--memory``): "warm", where glibc keeps freed memory and results land on memory
 the process used before, and "fresh", where every result of 128 KiB or more is mapped
@@ -77,9 +94,10 @@ import jax_ext
 
 from .._names import ImplementationName
 from ..auto.store import enabled_by_env as tuning_enabled_by_env
+from .kinds import OVERHEAD
 from .plot import plot as _plot
 from .records import Case, Meta, Row
-from .report import format_table, machine_info, write_report
+from .report import format_table, machine_info, overhead_tables, write_report
 from .select import select_cases
 from .timing import MEMORY_STATES, child_env, measure
 
@@ -103,15 +121,49 @@ class _Options(argparse.Namespace):
     memory: str
     case: str | None
     devices: int
+    sites: tuple[int, int] | None
 
 
-def all_cases(quick: bool, devices: int = 0) -> list[Case]:
-    from . import gather, programs
+def all_cases(quick: bool, devices: int = 0,
+              sites: tuple[int, int] | None = None) -> list[Case]:
+    """Every case, in the order they run; `sites`: the overhead group's two numbers of
+    call sites (default: those of a run of every group, or of --quick)."""
+    from . import gather, overhead, programs
     cases = select_cases(quick)
     if devices > 1:
         from . import sharded
         cases += sharded.cases(quick, devices)
-    return cases + gather.cases(quick) + programs.cases(quick)
+    sites = sites or (overhead.SITES_QUICK if quick else overhead.SITES_FULL)
+    return cases + gather.cases(quick) + programs.cases(quick) + overhead.cases(sites)
+
+
+def _selected(a: _Options, sites: tuple[int, int] | None) -> list[Case]:
+    """The cases --only (or a child's --case) picks."""
+    return [c for c in all_cases(a.quick, a.devices, sites) if a.only in c["name"]
+            and (a.case is None or c["name"] == a.case)]
+
+
+def _sites(a: _Options) -> tuple[int, int]:
+    """The overhead group's numbers of call sites: --sites, else the issue's pair when the
+    run is the overhead group alone, a smaller one in a run of other groups too (the
+    gradient's XLA compile dominates), the smallest with --quick."""
+    from . import overhead
+    if a.sites:
+        return a.sites
+    if a.quick:
+        return overhead.SITES_QUICK
+    alone = all(c["kind"] == OVERHEAD for c in _selected(a, None))
+    return overhead.SITES_ALONE if alone else overhead.SITES_FULL
+
+
+def _sites_arg(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want two numbers, like 100,400: {text!r}") from None
+    if not 1 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"want 1 <= N1 < N2: {text!r}")
+    return lo, hi
 
 
 def _where(path: str) -> str:
@@ -128,11 +180,12 @@ def _tune_budget(a: _Options) -> float | None:
     return a.tune_budget if a.tune else None
 
 
-def _states(a: _Options) -> list[str]:
-    """The memory states each case is timed under: "process" (this process as it is, and
-    programs in a process of their own unless --same-process) or states of MEMORY_STATES,
-    each in a process of its own."""
-    if a.same_process or a.memory == "process":
+def _states(a: _Options, case: Case | None = None) -> list[str]:
+    """The memory states each case (`case`, where given) is timed under: "process" (this
+    process as it is, and programs and the overhead group in a process of their own unless
+    --same-process) or states of MEMORY_STATES, each in a process of its own. The
+    overhead group, whose arrays are small, runs under "process" whatever --memory says."""
+    if a.same_process or a.memory == "process" or (case and case["kind"] == OVERHEAD):
         return ["process"]
     return list(MEMORY_STATES) if a.memory == "both" else [a.memory]
 
@@ -150,6 +203,7 @@ def _isolated(name: str, a: _Options, rounds: int, memory: str = "process") -> l
                "--memory", memory]
         cmd += ["--quick"] if a.quick else []
         cmd += ["--devices", str(a.devices)] if a.devices > 1 else []  # the sharded cases
+        cmd += ["--sites", ",".join(map(str, a.sites))] if a.sites else []
         cmd += ["--tune", "--tune-budget", str(a.tune_budget)] if a.tune else []
         # its stderr is ours: the tuner's progress lines show as they come
         subprocess.run(cmd, cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -213,6 +267,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=0,
                    help="also run the sharded cases (names start with 'shard') on N host "
                         "devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    p.add_argument("--sites", type=_sites_arg, default=None, metavar="N1,N2",
+                   help="the overhead group's two numbers of call sites (default: 100,400 "
+                        "when the run is that group alone, --only overhead; 25,100 in a run "
+                        "of other groups too; 5,20 with --quick)")
     return p
 
 
@@ -247,28 +305,39 @@ def _run_case(case: Case, tag: str, a: _Options, rounds: int, min_sample: float,
     # the tuner prints lines of its own: they start on a line of theirs
     print(f"{tag} {case['name']} ...", end="\n" if a.tune and program else "", flush=True,
           file=sys.stderr)
-    states = _states(a)
+    states = _states(a, case)
     if states != ["process"]:
         got = [r for m in states for r in _isolated(case["name"], a, rounds, m)]
-    elif program and not a.same_process:
+    elif (program or case["kind"] == OVERHEAD) and not a.same_process:
         got = _isolated(case["name"], a, rounds)
     else:
         got = measure(case, rounds, min_sample, patterns, _tune_budget(a))
     for r in got:
-        tuned = f" (tuned {r['tuned_ratio']:.2f}x)" if r.get("tuned_ratio") else ""
-        state = "" if r["memory"] == "process" else f"{r['memory']} "
-        differ = " (faults differ)" if r["faults_differ"] else ""
-        print(f" {state}{r['pattern']} {r['ratio']:.2f}x{tuned}{differ}", end="", flush=True,
-              file=sys.stderr)
+        print(_progress(r), end="", flush=True, file=sys.stderr)
     print(file=sys.stderr)
     return [_fields(case) | r for r in got]
 
 
+def _progress(r: Row) -> str:
+    """A row's ratios on the progress line."""
+    if r["pattern"] == "lowering":
+        return (f" {r['impl']} {r['sites']}: {r['tl_ratio']:.2f}x/"
+                f"{r['compile_ratio']:.2f}x")
+    tuned = f" (tuned {r['tuned_ratio']:.2f}x)" if r.get("tuned_ratio") else ""
+    state = "" if r["memory"] == "process" else f"{r['memory']} "
+    differ = " (faults differ)" if r["faults_differ"] else ""
+    return f" {state}{r['pattern']} {r['ratio']:.2f}x{tuned}{differ}"
+
+
 def _write_outputs(rows: list[Row], meta: Meta, a: _Options) -> None:
-    print(format_table(rows))
-    if a.markdown:
-        print()
-        print(format_table(rows, markdown=True))
+    timed = [r for r in rows if r.get("kind") != OVERHEAD]
+    for markdown in (False, True) if a.markdown else (False,):
+        if markdown:
+            print()
+        if timed:
+            print(format_table(timed, markdown=markdown))
+        if len(timed) < len(rows):
+            print(("\n" if timed else "") + overhead_tables(rows, markdown))
     if a.report:
         write_report(rows, meta, a.report)
         print(f"wrote {_where(a.report)}")
@@ -293,8 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = max(3, a.rounds or (7 if a.quick else 15))
     min_sample = 0.01 if a.quick else 0.03
     patterns = ("reused", "fresh") if a.pattern == "both" else (a.pattern,)
-    cases = [c for c in all_cases(a.quick, a.devices) if a.only in c["name"]
-             and (a.case is None or c["name"] == a.case)]
+    a.sites = _sites(a)
+    cases = _selected(a, a.sites)
     if a.case is not None:  # a child of _isolated: its rows only
         with jax_ext.implementation(a.impl):
             rows = [_fields(cases[0]) | r for r in
@@ -306,10 +375,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.tune and not tuning_enabled_by_env():
         print("jax_ext.bench: JAX_EXT_TUNING is off, so --tune measures but stores nothing "
               "and the tuned column times the choices the cache held before.", file=sys.stderr)
+    # the memory states and calling patterns the selected cases run under
+    states = [m for m in ("process", *MEMORY_STATES) if any(m in _states(a, c) for c in cases)]
+    used = [p for p in patterns if any(p in c.get("patterns", patterns) for c in cases
+                                       if "measure" not in c)]  # lowering rows: no calls
     meta = machine_info(a.impl) | {"quick": a.quick, "rounds": rounds,
-                                   "memory": {m: MEMORY_STATES.get(m, {}) for m in _states(a)},
-                                   "patterns": list(patterns), "tune_budget_s": _tune_budget(a),
+                                   "memory": {m: MEMORY_STATES.get(m, {}) for m in states},
+                                   "patterns": used, "tune_budget_s": _tune_budget(a),
                                    "loadavg_start": list(os.getloadavg())}
+    if any(c["kind"] == OVERHEAD for c in cases):
+        from . import overhead
+        meta |= {"sites": list(a.sites), "overhead_repeats": overhead.REPEATS}
     print(_headline(meta, a, len(cases)), flush=True)
     with jax_ext.implementation(a.impl):
         rows = [r for i, case in enumerate(cases)

@@ -161,6 +161,7 @@ def _xlabeled(col: Panels, k: int) -> bool:
 def figure(rows: Sequence[Row], meta: Meta) -> Figure:
     """The figure `plot` saves (matplotlib, imported here: an optional dependency)."""
     import matplotlib.pyplot as plt
+    rows = [r for r in rows if r.get("kind", SINGLE) in KINDS]  # not the overhead group
     columns = _columns(rows)
     widths = [_labels_in(rows, col) + PANEL_W_IN + COL_GAP_IN for col in columns]
     tall = max(sum(h + GAP_IN + XLABEL_IN * _xlabeled(col, k) for k, (_, h) in enumerate(col))
@@ -217,6 +218,8 @@ def plot(rows: Sequence[Row], meta: Meta, path: str) -> bool:
         print("matplotlib not installed (pip install '.[bench]'): no plot")
         return False
     # One memory state per plot, the first the rows have: two would overlap case by case.
+    # The overhead group has tables of its own.
+    rows = [r for r in rows if r.get("kind", SINGLE) in KINDS]
     rows = [r for r in rows if r.get("memory") == rows[0].get("memory")] if rows else []
     if not rows:
         return False

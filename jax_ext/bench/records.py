@@ -31,7 +31,7 @@ Row = dict[str, Any]
 
 class Case(TypedDict):
     name: str
-    op: str  # "select", "gather", "gather_grad" or "program"
+    op: str  # "select", "gather", "gather_grad", "program", "eager" or "lowering"
     dtype: str
     elements: int
     bytes: int  # read and written, for GB/s
@@ -43,6 +43,11 @@ class Case(TypedDict):
     copy_bytes: NotRequired[int]  # numpy copies this many bytes alongside, a yardstick
     exact: NotRequired[bool]  # False: the two sides agree within rounding
     impls: NotRequired[bool]  # also timed under forced native, forced lax and tuned
+    patterns: NotRequired[tuple[str, ...]]  # timed in these calling patterns, not --pattern's
+    # a case that times itself rather than calls (the overhead group's lowering rows):
+    # its rows, without the memory state (which the caller adds)
+    measure: NotRequired[Callable[[], list[Row]]]
+    sites: NotRequired[list[int]]  # the lowering rows' numbers of call sites
 
 
 class Meta(TypedDict):
@@ -68,3 +73,6 @@ class Meta(TypedDict):
     tune_budget_s: NotRequired[float | None]
     loadavg_start: NotRequired[list[float]]
     loadavg_end: NotRequired[list[float]]
+    # the overhead group's lowering rows: their two numbers of call sites, repetitions
+    sites: NotRequired[list[int]]
+    overhead_repeats: NotRequired[int]

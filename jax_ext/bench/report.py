@@ -11,6 +11,7 @@ import numpy as np
 
 import jax_ext
 
+from .kinds import OVERHEAD
 from .records import Meta, Row
 
 # (header, width, cell(row) -> str): a negative width aligns left.
@@ -21,6 +22,13 @@ def _fmt_t(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def _fmt_s(s: float | None) -> str:
+    """Seconds of tracing, lowering or compiling."""
+    if s is None:
+        return "-"
+    return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms"
 
 
 def _fmt_ratio(r: float | None, lo: float | None, hi: float | None) -> str:
@@ -62,6 +70,68 @@ COLUMNS: list[Column] = [
 ]
 
 
+def _growth(r: Row, key: str) -> str:
+    """seconds at the larger N / at the smaller, jax_ext's and (in brackets) jnp's."""
+    g = r.get(f"{key}_growth")
+    return "-" if g is None else f"{g:.2f}x (jnp {r[f'{key}_ref_growth']:.2f}x)"
+
+
+# The overhead group's tables (overhead.py): eager calls, a row per front-end...
+EAGER_COLUMNS: list[Column] = [
+    ("eager call", -44, lambda r: r["name"].removeprefix("overhead eager ")),
+    ("jax_ext", 11, lambda r: _fmt_t(r["ours_s"])),
+    ("spread", 6, lambda r: f"{r['spread'] * 100:.0f}%"),
+    ("jnp", 11, lambda r: _fmt_t(r["ref_s"])),
+    ("ratio [min-max]", 20, lambda r: _fmt_ratio(r["ratio"], r["ratio_min"], r["ratio_max"])),
+    ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
+    ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
+    ("agrees", 6, lambda r: "exact" if r["agrees"] else "NO"),
+    ("ran", -28, lambda r: _ran(r)),
+]
+# ... and the N-site program's trace+lower and compile, a row per N and implementation.
+LOWERING_COLUMNS: list[Column] = [
+    ("program", -8, lambda r: "grad" if r["grad"] else "forward"),
+    ("sites", 5, lambda r: str(r["sites"])),
+    ("impl", -6, lambda r: r["impl"]),
+    ("trace+lower", 11, lambda r: _fmt_s(r["tl_s"])),
+    ("jnp", 11, lambda r: _fmt_s(r["tl_ref_s"])),
+    ("ratio [min-max]", 20,
+     lambda r: _fmt_ratio(r["tl_ratio"], r["tl_ratio_min"], r["tl_ratio_max"])),
+    ("compile", 11, lambda r: _fmt_s(r["compile_s"])),
+    ("jnp", 11, lambda r: _fmt_s(r["compile_ref_s"])),
+    ("ratio [min-max]", 20,
+     lambda r: _fmt_ratio(r["compile_ratio"], r["compile_ratio_min"], r["compile_ratio_max"])),
+    ("trace+lower growth", 20, lambda r: _growth(r, "tl")),
+    ("compile growth", 20, lambda r: _growth(r, "compile")),
+    ("native calls", 12, lambda r: str(r["native_calls"])),
+    ("agrees", 6, lambda r: "close" if r["agrees"] else "NO"),
+]
+
+
+def overhead_tables(rows: Sequence[Row], markdown: bool = False) -> str:
+    """The overhead group's rows of `rows` as two tables, each under a line that says how
+    to read it (nothing for a run without them)."""
+    eager = [r for r in rows if r.get("kind") == OVERHEAD and r["op"] == "eager"]
+    lowering = [r for r in rows if r.get("kind") == OVERHEAD and r["op"] == "lowering"]
+    parts: list[str] = []
+    if eager:
+        parts += ["Eager calls (outside jit), time per call; ratio = jnp's time / jax_ext's "
+                  "(> 1: jax_ext is faster), median [min-max] over rounds; native, lax: the "
+                  "same under a forced implementation:", "",
+                  format_table(eager, EAGER_COLUMNS, markdown)]
+    if lowering:
+        sites = sorted({r["sites"] for r in lowering})
+        parts += ([""] if parts else []) + [
+            f"Trace+lower and compile of a program of {' and '.join(map(str, sites))} call "
+            f"sites and of its gradient (a new function each time, "
+            f"{lowering[0]['repeats']} repetitions, medians); ratio = jnp's seconds / "
+            "jax_ext's (> 1: jax_ext is faster), [min-max] over repetitions; growth = "
+            f"seconds at {sites[-1]} sites / at {sites[0]}, jax_ext's (jnp's); native "
+            "calls = jax_ext custom calls in the compiled program:", "",
+            format_table(lowering, LOWERING_COLUMNS, markdown)]
+    return "\n".join(parts)
+
+
 def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
                  markdown: bool = False) -> str:
     if markdown:
@@ -97,10 +167,15 @@ def machine_info(impl: str) -> Meta:
                 malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
 
 
-def header_lines(meta: Meta) -> list[str]:
+def header_lines(meta: Meta, timed: bool = True) -> list[str]:
     """What a reader needs to judge the numbers: the machine, the versions, the allocator
-    settings and the calling patterns. No paths and no dates (the docs include it)."""
+    settings and the calling patterns. No paths and no dates (the docs include it).
+    `timed`: the run has rows besides the overhead group (the tuned column's line)."""
     malloc = ", ".join(f"`{k}={v}`" for k, v in sorted(meta["malloc_env"].items()))
+    overhead = ([f"- overhead group: programs of {' and '.join(map(str, meta['sites']))} call "
+                 f"sites, {meta.get('overhead_repeats')} repetitions"]
+                if meta.get("sites") else [])
+    tuned = [f"- tuned column: {_tuned_source(meta)}"] if timed else []
     return [
         f"- machine: {meta['cpu']}, {meta['cores']} cores ({meta['machine']})",
         f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numpy {meta['numpy']}, onnxruntime "
@@ -112,7 +187,8 @@ def header_lines(meta: Meta) -> list[str]:
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
         f"- memory: {_memory_source(meta)}",
-        f"- tuned column: {_tuned_source(meta)}",
+        *tuned,
+        *overhead,
         f"- load average at start/end: {meta['loadavg_start'][0]:.1f} / "
         f"{meta.get('loadavg_end', meta['loadavg_start'])[0]:.1f}",
     ]
@@ -122,7 +198,8 @@ def _memory_source(meta: Meta) -> str:
     states = meta.get("memory") or {"process": {}}
     told = "; ".join(
         f"{m}: " + (", ".join(f"`{k}={v}`" for k, v in sorted(env.items())) if env else
-                    "the benchmark's process as it was (`--memory process`)")
+                    "the settings of the benchmark's own process, above (`--memory "
+                    "process`, and the overhead group whatever `--memory` says)")
         for m, env in states.items())
     return (f"{told}. Both sides of a row ran in one process, under one state; faults "
             "marked ! are rows whose sides still faulted differently (64 or more per call on "
@@ -139,9 +216,18 @@ def _tuned_source(meta: Meta) -> str:
 
 
 def write_report(rows: Sequence[Row], meta: Meta, path: str) -> None:
-    """The results table as Markdown under its machine header, to `path`."""
-    text = "\n".join(["Benchmark run (`jax-ext-bench --report PATH` writes this page):", "",
-                      *header_lines(meta), "", format_table(rows, markdown=True), ""])
+    """The results table as Markdown under its machine header, to `path`; the overhead
+    group's tables after it."""
+    timed = [r for r in rows if r.get("kind") != OVERHEAD]
+    command = "jax-ext-bench --report PATH" if timed or not rows else \
+        "jax-ext-bench --only overhead --report PATH"
+    lines = [f"Benchmark run (`{command}` writes this page):", "",
+             *header_lines(meta, timed=bool(timed)), ""]
+    if timed or not rows:
+        lines += [format_table(timed, markdown=True), ""]
+    if len(timed) < len(rows):
+        lines += [overhead_tables(rows, markdown=True), ""]
+    text = "\n".join(lines)
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)

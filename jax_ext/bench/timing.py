@@ -233,7 +233,12 @@ def measure(case: Case, rounds: int, min_sample_s: float,
     `tune_budget_s`: first tune a program's call sites (``jax_ext.tune`` with this
     budget), so that its tuned column times measured choices. `memory`: the memory state
     this process was started in (MEMORY_STATES, or "process": whatever it is), recorded in
-    the rows; "warm" also warms up until the heap serves every side's results."""
+    the rows; "warm" also warms up until the heap serves every side's results. A case
+    with its own ``patterns`` is timed in those; one with a ``measure`` (the overhead
+    group's lowering rows) times itself."""
+    if "measure" in case:
+        return [r | {"memory": memory} for r in case["measure"]()]
+    patterns = case.get("patterns", patterns)
     # A case of 64-bit dtypes is made, traced and timed with x64 on (see _select_case).
     with jax.enable_x64(True) if case.get("x64") else contextlib.nullcontext():
         rows = _measure(case, rounds, min_sample_s, patterns, tune_budget_s, memory == "warm")
@@ -249,7 +254,7 @@ def _measure(case: Case, rounds: int, min_sample_s: float, patterns: Sequence[st
     tuned: dict[str, object] = {}
     if case.get("impls"):  # programs: tuned (when asked) before anything is compiled
         tuned = dict(tune_s=None, tune_changes=None)
-        if tune_budget_s is not None:
+        if tune_budget_s is not None and case["op"] == "program":  # not eager calls
             tuned = _tune(ours, args, tune_budget_s, patterns)
         tuned["tuned_picked"] = _picked(ours, args, _tuned)
     check = _check(case, ours, theirs, args, host)
