@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -49,7 +49,7 @@ class Scalar:
         if t is float:
             bits = struct.pack("<d", value)
         elif t is complex:
-            bits = struct.pack("<dd", value.real, value.imag)  # type: ignore[union-attr]
+            bits = struct.pack("<dd", value.real, value.imag)
         self._key = (t, bits)
 
     def __hash__(self) -> int:
@@ -86,7 +86,7 @@ def array(v: object) -> bool:
     if t in _ARRAY_TYPES:
         return True
     if t is np.ndarray or isinstance(v, np.generic):
-        return _kept_dtype(v.dtype)  # type: ignore[union-attr]
+        return _kept_dtype(cast("np.ndarray[Any, Any]", v).dtype)
     if isinstance(v, jax.Array):
         _ARRAY_TYPES.add(t)
         return True

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import jax
@@ -134,7 +134,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
     if fast is None:
         return _gather(src, offsets, dim, index, check_bounds, num_indices, pad_value,
                        align_bytes)
-    return _gather_jit(*fast)
+    return cast(jax.Array, _gather_jit(*fast))
 
 
 def _eager_args(src: object, offsets: object, dim: object, index: object,
@@ -162,7 +162,7 @@ def _eager_args(src: object, offsets: object, dim: object, index: object,
     elif not _eager.array(offsets):
         return None
     if type(num_indices) is int:
-        shape = getattr(index, "shape", ())
+        shape: tuple[Any, ...] = getattr(index, "shape", ())
         if len(shape) != 1 or type(shape[0]) is not int or not 0 <= num_indices <= shape[0]:
             return None  # (a symbolic n: the front-end's checks know how to compare)
         if eager:  # (in range of the default int: n is)
