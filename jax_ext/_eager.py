@@ -93,9 +93,17 @@ def array(v: object) -> bool:
     return False
 
 
+# The concrete jax array classes seen so far (not tracers): a front-end's shortest path
+# asks `type(x) in CONCRETE` (see gather).
+CONCRETE: set[type] = set()
+
+
 def concrete(v: object) -> bool:
     """A jax array holding values (not a tracer): the call is eager."""
-    return isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
+    if isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer):
+        CONCRETE.add(type(v))
+        return True
+    return False
 
 
 def operand(v: object) -> object:
@@ -124,20 +132,22 @@ def operands(*vs: object) -> list[object] | None:
     return out
 
 
-_INTS: dict[tuple[int | tuple[int, ...], str], jax.Array | None] = {}
+_INTS: dict[tuple[int | tuple[int, ...], bool], jax.Array | None] = {}
 
 
-def ints(values: int | tuple[int, ...], dtype: np.dtype[Any]) -> jax.Array | None:
-    """Python ints as an array of the integer dtype `dtype`, made once (jit would put a
-    Python int on the device at every call, as much as the rest of a small call, and
-    these -- gather's offsets and num_indices -- repeat from call to call); None where
-    one does not fit `dtype` (the front-end raises that error). Keyed by the dtype's
-    character: hashing a dtype costs more than the rest of the lookup."""
-    key = (values, dtype.char)
+def ints(values: int | tuple[int, ...]) -> jax.Array | None:
+    """Python ints as an array of the default integer type (int64 with jax_enable_x64,
+    else int32), made once (jit would put a Python int on the device at every call, as
+    much as the rest of a small call, and these -- gather's offsets and num_indices --
+    repeat from call to call); None where one does not fit (the front-end raises that
+    error). Keyed by the values and the x64 flag: computing the dtype costs more than the
+    rest of the lookup."""
+    key = (values, bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
     try:
         return _INTS[key]
     except KeyError:
         pass
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
     info = np.iinfo(dtype)
     flat = values if isinstance(values, tuple) else (values,)
     out = None
@@ -148,6 +158,21 @@ def ints(values: int | tuple[int, ...], dtype: np.dtype[Any]) -> jax.Array | Non
         _INTS.pop(next(iter(_INTS)))
     _INTS[key] = out
     return out
+
+
+def int_offsets(offsets: list[Any] | tuple[Any, ...]) -> jax.Array | None:
+    """`ints` of a list or tuple of Python ints; None where one is not a Python int (a
+    bool is not) or does not fit."""
+    for o in offsets:
+        if type(o) is not int:
+            return None
+    values = tuple(offsets)
+    # (the lookup of `ints` written out: every eager gather asks)
+    out = _INTS.get((values, bool(jax.config.jax_enable_x64)), _MISSING)  # type: ignore[attr-defined]
+    return ints(values) if out is _MISSING else out
+
+
+_MISSING: Any = object()
 
 
 def unwrap(v: Any) -> Any:

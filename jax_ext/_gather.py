@@ -129,6 +129,18 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
         >>> jax_ext.gather(table, [0], 0, np.array([1]), align_bytes=None).shape
         (1, 5)
     """
+    # The commonest eager call (jax arrays, Python-int offsets, no num_indices or
+    # pad_value) in the fewest Python steps: each costs microseconds before a dispatch of
+    # about ten. _eager_args takes every other call that jit can take.
+    if (type(src) in _eager.CONCRETE and type(index) in _eager.CONCRETE
+            and type(offsets) in (list, tuple) and type(dim) is int
+            and num_indices is None and pad_value is None
+            and (check_bounds is True or check_bounds is False)
+            and (align_bytes is None or type(align_bytes) is int) and _eager.ENABLED):
+        offs = _eager.int_offsets(offsets)  # type: ignore[arg-type]
+        if offs is not None:
+            return cast(jax.Array, _gather_jit(src, offs, dim, index, check_bounds, None,
+                                               None, align_bytes))
     fast = _eager_args(src, offsets, dim, index, check_bounds, num_indices, pad_value,
                        align_bytes)
     if fast is None:
@@ -152,7 +164,7 @@ def _eager_args(src: object, offsets: object, dim: object, index: object,
     if isinstance(offsets, (list, tuple)):
         offsets = tuple(offsets)
         if all(type(o) is int for o in offsets):
-            made = _eager.ints(offsets, _args.default_int())
+            made = _eager.ints(offsets)
             if made is None:
                 return None  # out of range: the front-end says so
             if eager:
@@ -166,7 +178,7 @@ def _eager_args(src: object, offsets: object, dim: object, index: object,
         if len(shape) != 1 or type(shape[0]) is not int or not 0 <= num_indices <= shape[0]:
             return None  # (a symbolic n: the front-end's checks know how to compare)
         if eager:  # (in range of the default int: n is)
-            num_indices = _eager.ints(num_indices, _args.default_int())
+            num_indices = _eager.ints(num_indices)
     elif num_indices is not None and not _eager.array(num_indices):
         return None
     pad = pad_value if pad_value is None else _eager.operand(pad_value)

@@ -62,13 +62,15 @@ def rows(offsets: jax.Array, index: jax.Array, num: jax.Array, *, sshape: Sequen
     narrowed to the index dtype of row_dtype."""
     n = index.shape[-1]
     wide = offsets.dtype  # the default integer type: int64, or int32 without jax_enable_x64
-    ok = jnp.ones(offsets.shape[:-1], bool)
-    p = jnp.zeros(offsets.shape[:-1], wide)
+    # Few ops: this runs at every call site of a lax path, and XLA compiles each (it does
+    # not fold a constant offset's overflow checks away). Row dims before `dim`, if any:
+    ok: jax.Array | bool = True
+    p: jax.Array | None = None
     for k in range(dim):
         o, s = offsets[..., k], sshape[k]
-        inr = (o >= 0) & (o < s)
-        ok = ok & (inr if check_bounds else (s > 0))
-        p = p * s + jnp.clip(o, 0, max(s - 1, 0))
+        ok = ok & (((o >= 0) & (o < s)) if check_bounds else (s > 0))
+        c = jnp.clip(o, 0, max(s - 1, 0))
+        p = c if p is None else p * s + c
     R = sshape[dim]
     odim = offsets[..., dim][..., None]
     if index.dtype.kind == "u" and index.dtype.itemsize == np.dtype(wide).itemsize:
@@ -80,20 +82,28 @@ def rows(offsets: jax.Array, index: jax.Array, num: jax.Array, *, sshape: Sequen
         huge = big & (odim >= 0)  # r >= 2**(bits-1): beyond every row
     else:
         x, y, huge = odim, index.astype(wide), None
-    r = x + y  # wraps on overflow; the overflow has the sign of x (and y)
-    ovf = ((x >= 0) == (y >= 0)) & ((r >= 0) != (x >= 0))
-    neg = jnp.where(ovf, x < 0, r < 0)
-    over = jnp.where(ovf, x >= 0, r >= R)
-    if huge is not None:
-        neg, over = neg & ~huge, over | huge
-    inr = ~neg & ~over
-    rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
+    r = x + y  # wraps on overflow: x and y of one sign, r of the other
     live = jnp.arange(n, dtype=wide) < num[..., None].astype(wide)
     if check_bounds:
-        valid = ok[..., None] & inr & live
+        # 0 <= x + y < R: a positive overflow wraps r negative; a negative one (x and y
+        # both negative, so out of range) can wrap it into range, hence the sign of x & y.
+        inr = ((r | (x & y)) >= 0) & (r < R)
+        if huge is not None:
+            inr = inr & ~huge
+        valid = inr & live
+        rc = r  # in range wherever valid
     else:
-        valid = ok[..., None] & live & (R > 0)
-    row = jnp.where(valid, p[..., None] * R + rc, 0)
+        ovf = ((x ^ r) & (y ^ r)) < 0
+        neg = (r < 0) != ovf  # an overflow flips r's sign
+        over = jnp.where(ovf, r < 0, r >= R)
+        if huge is not None:
+            neg, over = neg & ~huge, over | huge
+        rc = jnp.where(neg, 0, jnp.where(over, max(R - 1, 0), r))
+        valid = live & (R > 0)
+    if ok is not True:
+        valid = (ok[..., None] if isinstance(ok, jax.Array) else ok) & valid
+    flat = rc if p is None else p[..., None] * R + rc
+    row = jnp.where(valid, flat, 0)
     return valid, row.astype(row_dtype(sshape[:dim + 1], wide))
 
 

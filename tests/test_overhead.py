@@ -126,6 +126,20 @@ def test_offsets_in_a_loop_share_one_compiled_call():
         assert_bits_equal(o, want)
 
 
+def test_the_shortest_gather_path_takes_python_ints_only():
+    """gather's shortest eager path (Python-int offsets, no num_indices or pad_value)
+    keeps its offsets arrays by value: a bool, equal to 1 and hashed like it, is still
+    refused, and a loop over int offsets shares one compiled call."""
+    jax_ext.gather(SRC, [1], 0, IDX)
+    with pytest.raises(TypeError, match=r"gather: offsets\[0\] must be an integer, got bool"):
+        jax_ext.gather(SRC, [True], 0, IDX)
+    with calls(gather=_gather._gather) as n:
+        outs = [jax_ext.gather(SRC, [k], 0, IDX) for k in range(6)]
+    assert n["gather"] == 0
+    for k, o in enumerate(outs):
+        assert_bits_equal(o, jax_ext.gather(SRC, jnp.asarray([k]), 0, IDX))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_an_eager_gradient_traces_no_front_end(impl):
     """jax.grad of a gather, unjitted, called again: the front-end is not run again."""

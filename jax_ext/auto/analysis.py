@@ -162,6 +162,23 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
 
 
 def _type_bytes(t: Any) -> int:
+    # by its text: reading the type through the MLIR classes costs tens of us a call
+    return _text_type_bytes(str(t), t)
+
+
+_TYPE_BYTES: dict[str, int] = {}
+
+
+def _text_type_bytes(text: str, t: Any) -> int:
+    n = _TYPE_BYTES.get(text)
+    if n is None:
+        if len(_TYPE_BYTES) > 4096:  # bounded: a long process meets many shapes
+            _TYPE_BYTES.clear()
+        n = _TYPE_BYTES[text] = _ir_type_bytes(t)
+    return n
+
+
+def _ir_type_bytes(t: Any) -> int:
     rt = ir.RankedTensorType(t)
     et = rt.element_type
     for cls in (ir.IntegerType, ir.FloatType):
@@ -263,7 +280,8 @@ def _reads_from_memory(e: Any, var: Any) -> bool:
     if name in _OPAQUE_CONSUMERS and not (
             name in _names.PRIMITIVES and e.params.get("impl") == "auto"):
         return True
-    return str(getattr(var.aval, "dtype", "")) in _MEMORY_REDUCTIONS.get(name, ())
+    reductions = _MEMORY_REDUCTIONS.get(name)
+    return reductions is not None and str(getattr(var.aval, "dtype", "")) in reductions
 
 
 def _through(e: Any, var: Any) -> list[tuple[Any, Any]] | None:
@@ -292,10 +310,12 @@ def _consumer_in(jaxpr: Any, var: Any, depth: int) -> tuple[bool, str]:
     return True, ""
 
 
-def consumers(prim: Any) -> tuple[bool, str]:
+def consumers(prim: Any, stack: Sequence[Any] | None = None) -> tuple[bool, str]:
     """Would the result of the equation being lowered (of primitive `prim`) stay in memory
-    anyway? -> (yes, why). Looks at the jaxprs jax is lowering right now."""
-    stack = _compat.enclosing_equations()
+    anyway? -> (yes, why). Looks at the jaxprs jax is lowering right now (`stack`:
+    _compat.enclosing_equations(), when the caller has it)."""
+    if stack is None:
+        stack = _compat.enclosing_equations()
     if not stack or stack[0][1].primitive is not prim:
         return False, "consumers unknown"
     var = stack[0][1].outvars[0]
@@ -399,6 +419,6 @@ def site(op: str, prim: Any, ctx: Any, args: Sequence[Any], params: dict[str, An
         ops.append(Operand(name, n, mem, what, _compat.is_donated_block_argument(v)))
         if not mem:
             rereads[name] = producer_reads(v)
-    kept, why = consumers(prim)
+    kept, why = consumers(prim, stack)
     key = fingerprint(op, ctx, params, [o.source() for o in ops] + [why])
     return Site(op, out, tuple(ops), rereads, kept, why, key)

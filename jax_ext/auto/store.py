@@ -27,10 +27,16 @@ def enabled_by_env() -> bool:
 
 def cache_dir() -> str:
     """JAX_EXT_CACHE_DIR, else $XDG_CACHE_HOME/jax_ext, else ~/.cache/jax_ext."""
-    d = os.environ.get("JAX_EXT_CACHE_DIR")
-    if d:
-        return d
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    env = os.environ
+    return _cache_dir(env.get("JAX_EXT_CACHE_DIR"), env.get("XDG_CACHE_HOME"),
+                      env.get("HOME"))
+
+
+@functools.lru_cache(maxsize=16)  # asked at every auto call site's lowering
+def _cache_dir(explicit: str | None, xdg: str | None, home: str | None) -> str:
+    if explicit:
+        return explicit
+    base = xdg or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "jax_ext")
 
 
