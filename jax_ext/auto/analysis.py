@@ -340,9 +340,12 @@ def consumers(prim: Any, stack: Sequence[Any] | None = None) -> tuple[bool, str]
 
 def static_nbytes(aval: Any) -> int | None:
     """Bytes of an array, or None when a dimension is symbolic (jax.export)."""
-    if not all(isinstance(d, (int, np.integer)) for d in aval.shape):
-        return None
-    return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
+    n = int(aval.dtype.itemsize)
+    for d in aval.shape:  # (a loop: asked for every operand of every call site)
+        if not isinstance(d, (int, np.integer)):
+            return None
+        n *= int(d)
+    return n
 
 
 @dataclass(frozen=True)
