@@ -358,22 +358,22 @@ def test_gather_grad(dtype):
     assert_bits_equal(got, want)
 
 
-def test_pad_value_gradient_is_not_exported_yet():
+def test_pad_value_gradient():
     """The gradient for pad_value is jax_ext's own jnp code (a mask of the padded
-    positions), which jax2onnx 0.17 converts with its own plugins: on jax 0.10 into a Where
-    on bool tensors, for which onnxruntime has no kernel; on jax >= 0.11 not at all (its
-    jnp.where conversion looks for jax._src.core.ClosedJaxpr). The docs list it; this
-    notices when it changes."""
+    positions), which jax2onnx 0.17 converts with its own plugins: on jax 0.10 exactly (pad
+    rows, an out-of-range row and the padding columns of align_bytes); on jax >= 0.11 not
+    at all (its jnp.where conversion looks for jax._src.core.ClosedJaxpr). The docs say so;
+    this notices when it changes."""
     def f(s, i, p):
         return jax.grad(lambda p: jax_ext.gather(s, [0], 0, i, pad_value=p).sum())(p)
-    args = (np.ones((6, 5), np.float32), np.array([1, -1], np.int32), np.float32(0.5))
+    args = (np.ones((6, 5), np.float32), np.array([1, -1, 6, 0], np.int32), np.float32(0.5))
     if JAX_11:
         with pytest.raises(AttributeError, match="ClosedJaxpr"):
             export(f, args)
         return
-    model = export(f, args)
-    with pytest.raises(Exception, match="Could not find an implementation for Where"):
-        run_ort(model, args, jax_results(f, args))
+    (got,), (want,) = round_trip(f, args)
+    assert_bits_equal(got, want)
+    assert float(want) == 2 * 8 + 2 * 3  # two pad rows of 8, three padding columns of two
 
 
 @pytest.mark.parametrize("case", ["src_index", "index_only", "all_axis1"])
