@@ -252,6 +252,13 @@ def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, per_site: boo
         mlir.register_lowering(prim, rule, platform=None)
 
 
+# jit's `inline` that inlines a nested jitted function while jax traces, into the
+# enclosing jaxpr (what jnp's helpers get). jax 0.11 added jax.Inline, and `inline=True`
+# there means Inline.JAX_LATE: the jit equation stays in the jaxpr until lowering, where
+# auto's analysis and donation would see one more call level than on jax 0.10.
+TRACE_INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
+
+
 def enclosing_equations(limit: int = 64) -> list[tuple[Any, Any, dict[Any, Any]]]:
     """(jaxpr, eqn, env) for every jaxpr jax is lowering on this thread right now, innermost
     first: jax lowers a jaxpr one equation at a time in ``mlir.jaxpr_subcomp``, and the

@@ -29,6 +29,8 @@ from typing import Any, cast
 import jax
 import numpy as np
 
+from . import _compat
+
 PY_SCALARS = (bool, int, float, complex)
 
 # False while a converter that replaces jax.numpy's functions traces (jax_ext.onnx turns it
@@ -188,5 +190,6 @@ def jitted(fn: Callable[..., Any], name: str, static_argnums: tuple[int, ...] = 
     def front_end(*args: Any) -> Any:
         return fn(*map(unwrap, args))
     front_end.__name__ = front_end.__qualname__ = name
-    out: Callable[..., Any] = jax.jit(front_end, static_argnums=static_argnums, inline=True)
+    out: Callable[..., Any] = jax.jit(front_end, static_argnums=static_argnums,
+                                      inline=_compat.TRACE_INLINE)
     return out

@@ -88,6 +88,24 @@ def test_fallback_logs_and_strict_mode_raises(monkeypatch, caplog):
     assert "jax_ext falls back: doing the other thing (KeyError" in caplog.text
 
 
+def test_a_per_site_rule_raises_in_strict_mode_without_cacheable(monkeypatch):
+    """A jax whose register_lowering has dropped its cacheable flag (documented as
+    temporary) would lower each (avals, params) once: auto would decide once for all such
+    sites, and explain would miss the repeats."""
+    got = []
+
+    def register_lowering(prim, rule, platform=None):  # no cacheable keyword
+        got.append((prim, rule, platform))
+    monkeypatch.setattr(_compat.mlir, "register_lowering", register_lowering)
+    prim, rule = types.SimpleNamespace(name="fake_p"), (lambda ctx: [])
+    with pytest.raises(_compat.FallbackError, match="fake_p is lowered once"):
+        _compat.register_lowering(prim, rule, per_site=True)
+    assert got == []
+    monkeypatch.setenv(_compat.STRICT_ENV, "0")
+    _compat.register_lowering(prim, rule, per_site=True)
+    assert got == [(prim, rule, None)]  # registered as jax's cached kind
+
+
 def _where_lowered(**jit):
     c, x = np.array([True, False, True]), np.arange(3, dtype=np.float32)
     with jax_ext.implementation("native"):

@@ -101,6 +101,22 @@ def test_an_eager_call_outside_jit_binds_as_before():
     assert n["where"] <= 1  # traced at most once (the shapes may be new here)
 
 
+@pytest.mark.parametrize("call,prim", [
+    (lambda: jax_ext.where(C, X, Y), "jax_ext_select"),
+    (lambda: jax_ext.select(C, X, 1.0), "jax_ext_select"),
+    (lambda: jax_ext.where3(C, X, Y), "jax_ext_select"),
+    (lambda: jax_ext.gather(SRC, [0], 0, IDX), "jax_ext_gather")], ids=["where", "select",
+                                                                         "where3", "gather"])
+def test_a_traced_call_is_inlined(call, prim):
+    """Inside a trace the jitted front-end leaves no call of its own: its equations join
+    the enclosing jaxpr (jax >= 0.11 keeps a nested jit's equation unless told
+    Inline.JAX_EARLY), so auto's analysis and donation see the call site where the user
+    wrote it."""
+    jaxpr = jax.make_jaxpr(lambda: call())()
+    names = [e.primitive.name for e in jaxpr.eqns]
+    assert prim in names and not any(n in ("jit", "pjit") for n in names), names
+
+
 def test_a_python_scalar_is_keyed_by_its_bits():
     """0.0 and -0.0 (and two NaN payloads) are different static operands: neither is
     served the other's compiled call."""
