@@ -417,7 +417,9 @@ def test_every_row_runs_under_a_stated_memory_state(tmp_path, children):
     if not jax_ext.native_available():
         pytest.skip("times the kernel against XLA's loop")
     out = tmp_path / "b.json"
-    assert bench.main(["--quick", "--only", "select f32 2^18", "--rounds", "3", "--pattern",
+    # 7 rounds: the fault counts are medians over rounds, and under load (the suite's other
+    # worker) a heap can still grow through the first two or three.
+    assert bench.main(["--quick", "--only", "select f32 2^18", "--rounds", "7", "--pattern",
                        "reused", "--json", str(out), "--plot", str(tmp_path / "b.png")]) == 0
     assert [c[c.index("--memory") + 1] for c in children] == ["warm", "fresh"]
     for state, env in zip(("warm", "fresh"), children.envs):
