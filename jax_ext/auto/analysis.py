@@ -162,20 +162,14 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
 
 
 def _type_bytes(t: Any) -> int:
-    # by its text: reading the type through the MLIR classes costs tens of us a call
-    return _text_type_bytes(str(t), t)
-
-
-_TYPE_BYTES: dict[str, int] = {}
-
-
-def _text_type_bytes(text: str, t: Any) -> int:
-    n = _TYPE_BYTES.get(text)
-    if n is None:
-        if len(_TYPE_BYTES) > 4096:  # bounded: a long process meets many shapes
-            _TYPE_BYTES.clear()
-        n = _TYPE_BYTES[text] = _ir_type_bytes(t)
-    return n
+    rt = t if isinstance(t, ir.RankedTensorType) else ir.RankedTensorType(t)
+    et = rt.element_type
+    # jax's MLIR bindings hand out the concrete type (F32Type, IntegerType, ...), whose
+    # width is an attribute; reading it through the classes costs tens of us a call.
+    width = getattr(et, "width", None)
+    if not isinstance(width, int):
+        return _ir_type_bytes(t)
+    return math.prod(rt.shape) * max(1, width // 8)
 
 
 def _ir_type_bytes(t: Any) -> int:
