@@ -24,6 +24,22 @@ def choose(op: _names.OpSpec, prim: Any, ctx: Any, args: Sequence[Any],
     site = analysis.site(op.op, prim, ctx, args, params, op.operands, op.fused_operands)
     if site is None:
         return _symbolic(op, prim, ctx, args)
+    # The choice is a function of the site's fingerprint (its types, static params and
+    # surroundings), the bytes its producers re-read and the tuning state: sites alike (a
+    # layer repeated, a loop unrolled) share it, made once per module being lowered.
+    key = (_CHOICE, site.key, tuple(sorted(site.rereads.items())), tuning.state())
+    memo = ctx.module_context.cached_primitive_lowerings
+    choice: Choice | None = memo.get(key)
+    if choice is None:
+        choice = memo[key] = _decide(op, site, ctx, params)
+    return choice
+
+
+_CHOICE = object()  # marks auto's entries in a module's lowering cache
+
+
+def _decide(op: _names.OpSpec, site: analysis.Site, ctx: Any,
+            params: dict[str, Any]) -> Choice:
     estimate = model.decide(op, site, costs.shipped(), ctx, params)
     measured = tuning.lookup(site.key)  # a stored measurement wins over the estimate
     if measured is None:

@@ -75,6 +75,11 @@ def _trying(assignment: Mapping[str, str]) -> Iterator[None]:
         yield
 
 
+def state() -> str:
+    """The tuning state where the program is being traced now (what lookup reads)."""
+    return str(_state.value)
+
+
 def lookup(site: str) -> Choice | None:
     """The measured (or trial) choice at `site`, or None: the cost model decides."""
     value = str(_state.value)
