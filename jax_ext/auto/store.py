@@ -34,6 +34,7 @@ def cache_dir() -> str:
 
 @functools.lru_cache(maxsize=16)  # asked at every auto call site's lowering
 def _cache_dir(explicit: str | None, xdg: str | None, home: str | None) -> str:
+    # (`home` only keys the cache: expanduser reads $HOME itself)
     if explicit:
         return explicit
     base = xdg or os.path.join(os.path.expanduser("~"), ".cache")

@@ -82,7 +82,7 @@ def state() -> str:
 
 def lookup(site: str) -> Choice | None:
     """The measured (or trial) choice at `site`, or None: the cost model decides."""
-    value = str(_state.value)
+    value = state()
     if value.startswith("try:"):
         impl = _trials.get(value[4:], {}).get(site)
         return None if impl is None else Choice(impl == "native", f"tuning: trying {impl}")
