@@ -107,7 +107,7 @@ def compilations():
 # cheap properties of jax (a config flag, an array's shape, a dtype's canonical form);
 # jit's C++ path then runs none. jax's Python dispatch of a cache miss, or a device_put,
 # runs many times these bounds.
-EAGER_CALLS = 32  # every Python call
+EAGER_CALLS = 48  # every Python call
 EAGER_JAX_CALLS = 8  # of those, calls of functions of jax and jaxlib
 
 
