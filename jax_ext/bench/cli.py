@@ -69,7 +69,7 @@ for jax_ext under implementation "auto", "lax" and "native", three times with th
 alternating; medians, the ratio jnp/jax_ext (> 1: jax_ext is faster) and the growth from
 the smaller N to the larger. N is 100 and 400 when the group runs alone, 25 and 100 in
 the full sweep (at 400 sites the gradient's XLA compiles alone take about three minutes
-on two cores), 10 and 40 in the default run, 5 and 20 with --quick; ``--sites`` sets
+on two cores), 5 and 20 in the default run and with --quick; ``--sites`` sets
 them. Its arrays are small, so it
 runs under the benchmark's own allocator settings ("process"), in a process of its own,
 whatever --memory says. It has tables of its own (printed after the main table and
@@ -134,7 +134,7 @@ class _Options(argparse.Namespace):
 
 # The overhead group's numbers of call sites in the default run: its trace+lower and compile
 # rows, at fewer sites than --full's, so that the group costs seconds there.
-SITES_DEFAULT = (10, 40)
+SITES_DEFAULT = (5, 20)
 
 
 def all_cases(quick: bool, devices: int = 0, sites: tuple[int, int] | None = None,
@@ -305,7 +305,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", type=_sites_arg, default=None, metavar="N1,N2",
                    help="the overhead group's two numbers of call sites (default: 100,400 "
                         "when the run is that group alone, --only overhead; 25,100 in a run "
-                        "of other groups too, --full; 10,40 in the default run; 5,20 with "
+                        "of other groups too, --full; 5,20 in the default run and with "
                         "--quick)")
     return p
 
