@@ -183,8 +183,9 @@ def test_modules_are_short():
 
 
 # A measurement in a comment: a time in milliseconds or microseconds, a range of ratios
-# (two numbers and an x), a bandwidth, or a call's duration reported in numbers. Its numbers, with the machine they came from,
-# belong in docs/performance.md, which the comment names by section.
+# (two numbers and an x), a bandwidth, or a call's duration reported in numbers. Its
+# numbers, with the machine they came from, belong in docs/performance.md, which the
+# comment names by section.
 MEASURED = re.compile(r"\d\s?(ms|us|µs|ns)\b|\d(\.\d+)?-\d+(\.\d+)?x\b|\d\s?[GM]B/s"
                       r"|\bran at\b|\btook \d")
 
