@@ -8,7 +8,7 @@
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
 
 Two runs: the default, a selection of the cases (a few of each group: single selects and
-gathers, element-wise and sparse programs, the overhead group), about four minutes on two
+gathers, element-wise and sparse programs, the overhead group), two to five minutes on two
 cores; and ``--full``, every case, about ten. Both time a row alike (the same sizes,
 rounds and memory states): the default has fewer rows, not cheaper ones, except that its
 overhead group compiles programs of fewer call sites. ``--only`` picks among every case.
@@ -252,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jax-ext-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--full", action="store_true", help="every case (default: a selection "
-                   "from every group; about ten minutes against four on two cores)")
+                   "from every group; about ten minutes against two to five on two cores)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, 7 rounds")
     p.add_argument("--only", default="", help="run the cases whose name contains this "
                    "(among every case)")
