@@ -34,6 +34,7 @@ def test_lax_on_request_records_implementation_and_spread(tmp_path, capsys):
     assert rc == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert "implementation lax" in head and "jaxlib" in head
+    assert "the cases named by --only 'select 8 elements'" in head  # which run it was
     data = json.loads(out.read_text())
     meta = data["meta"]
     assert meta["implementation"] == "lax" and meta["cores"] >= 1 and meta["cpu"]
@@ -575,7 +576,8 @@ def test_overhead_sites_by_run(capsys):
         return cli._sites(cli._parser().parse_args(list(argv), namespace=cli._Options()))
     assert sites("--only", "overhead") == overhead.SITES_ALONE == (100, 400)
     assert sites("--only", "overhead lowering") == overhead.SITES_ALONE
-    assert sites() == sites("--only", "gather") == overhead.SITES_FULL
+    assert sites("--full") == sites("--only", "gather") == overhead.SITES_FULL
+    assert sites() == cli.SITES_DEFAULT  # the default run: fewer sites still
     assert sites("--quick", "--only", "overhead") == overhead.SITES_QUICK
     assert sites("--sites", "3,7") == (3, 7)
     for bad in ("4,2", "0,3", "5", "a,b"):
@@ -587,6 +589,26 @@ def test_overhead_sites_by_run(capsys):
     assert len(full) == len(overhead.eager_cases()) + 2
     assert all(c["name"].startswith("overhead ") for c in full)
     assert [c["sites"] for c in full if c["op"] == "lowering"] == [[25, 100]] * 2
+
+
+def test_default_run_is_a_selection_of_every_group_and_full_runs_every_case():
+    """The default run (a first contact: minutes) picks cases of every group from the full
+    sweep, the same cases at the same sizes; --full runs every case; --only names any case
+    of the full sweep; the header and the report say which run it was."""
+    from jax_ext.bench import cli, kinds
+
+    def names(*argv):
+        a = cli._parser().parse_args(list(argv), namespace=cli._Options())
+        return [c["name"] for c in cli._selected(a, cli._sites(a))], cli._run_name(a)
+    default, run = names()
+    full, full_run = names("--full")
+    assert "default" in run and "--full" in run and "full sweep" in full_run
+    assert [n for n in full if n in default] == default and len(default) < len(full) / 2
+    by_kind = {c["name"]: c["kind"] for c in bench.all_cases(quick=False)}
+    assert {by_kind[n] for n in default} == {*kinds.KINDS, kinds.OVERHEAD}  # every group
+    assert len(set(names("--quick")[0])) == len(default)  # --quick: the same selection, smaller
+    missing = next(n for n in full if n not in default)
+    assert names("--only", missing)[0] == [missing]
 
 
 def test_overhead_tables_read_ratios_and_growth():

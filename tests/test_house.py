@@ -1,10 +1,12 @@
 """The shape of the code, checked: jax_ext's modules import one way (no cycle; the layers of
-docs/design.md), functions are short enough to read at once and shallowly nested, in
-Python and in C++, and no test module imports another (shared references live in
-tests/references.py)."""
+docs/design.md), modules and functions are short enough to read at once and functions
+shallowly nested, in Python and in C++, comments state rules rather than measurements, and
+no test module imports another (shared references live in tests/references.py)."""
 import ast
+import io
 import os
 import re
+import tokenize
 
 import pytest
 
@@ -16,6 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FFI = os.path.join(ROOT, "xla_ffi")
 TESTS = os.path.join(ROOT, "tests")
 MAX_PY_BODY, MAX_CC_BODY, MAX_DEPTH = 60, 70, 4
+# Lines of a package module outside jax_ext/bench/ (the benchmark, a tool of its own), and
+# tighter limits for single modules: _lowering.py, the floors every op goes down.
+MAX_MODULE_LINES = 500
+MAX_LINES = {"jax_ext._lowering": 400}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(FFI), reason="needs the source tree")
 
@@ -160,6 +166,48 @@ def test_cpp_functions_are_short_and_shallow():
             for name, lines, depth in _cc_functions(os.path.join(FFI, f)):
                 if lines > MAX_CC_BODY or depth > MAX_DEPTH:
                     bad.append(f"xla_ffi/{f} {name}: {lines} lines, depth {depth}")
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_are_short():
+    """A module is one thing a reader can hold at once: split by role past the limit."""
+    long = []
+    for m, path in sorted(_modules().items()):
+        if m == "jax_ext.bench" or m.startswith("jax_ext.bench."):
+            continue
+        limit = MAX_LINES.get(m, MAX_MODULE_LINES)
+        n = len(open(path).read().splitlines())
+        if n > limit:
+            long.append(f"{os.path.relpath(path, ROOT)}: {n} lines (at most {limit})")
+    assert not long, "\n".join(long)
+
+
+# A measurement in a comment: a time in milliseconds or microseconds, a range of ratios
+# (two numbers and an x), a bandwidth, or a call's duration reported in numbers. Its
+# numbers, with the machine they came from, belong in docs/performance.md, which the
+# comment names by section.
+MEASURED = re.compile(r"\d\s?(ms|us|µs|ns)\b|\d(\.\d+)?-\d+(\.\d+)?x\b|\d\s?[GM]B/s"
+                      r"|\bran at\b|\btook \d")
+
+
+def _comments():
+    """(where, text) of every comment of the package, the tests and the C++ sources."""
+    paths = list(_modules().values()) + [
+        os.path.join(TESTS, f) for f in sorted(os.listdir(TESTS)) if f.endswith(".py")]
+    for path in paths:
+        tokens = tokenize.generate_tokens(io.StringIO(open(path).read()).readline)
+        for t in tokens:
+            if t.type == tokenize.COMMENT:
+                yield f"{os.path.relpath(path, ROOT)}:{t.start[0]}", t.string
+    for f in sorted(os.listdir(FFI)):
+        if f.endswith((".cc", ".h")):
+            for ln, line in enumerate(open(os.path.join(FFI, f)), 1):
+                if "//" in line:
+                    yield f"xla_ffi/{f}:{ln}", line[line.index("//"):]
+
+
+def test_comments_state_rules_not_measurements():
+    bad = [f"{where}: {text.strip()}" for where, text in _comments() if MEASURED.search(text)]
     assert not bad, "\n".join(bad)
 
 

@@ -27,11 +27,11 @@ constexpr int64_t kStreamBytes = int64_t{16} << 20;
 constexpr int64_t kStreamCopyBytes = 4 * kStreamBytes;
 
 // The size from which the scatter-add streams its result: kStreamBytes, or half the
-// last-level cache where the C library reports one larger than 32 MiB. On a machine with a
-// 480 MiB L3 the 65536x128 f32 gather gradient (a 32 MiB result) took 3.3-3.5 ms with
-// regular stores against 5.6-6.2 ms streamed, and the jnp program called after it 4.8-5.0
-// ms against 8.2-9.0: streamed lines leave the cache that would have held them
-// (docs/performance.md, "Streaming stores for 16-32 MiB results"). The environment
+// last-level cache where the C library reports one larger than 32 MiB. A result that fits
+// in half of such a cache is faster written with regular stores, for the kernel and for
+// whatever runs next: streamed lines leave the cache that would have held them (see
+// docs/performance.md, "Tuning the output-row sweep on a machine with a large last-level
+// cache"). The environment
 // variable JAX_EXT_SCATTER_STREAM_BYTES, read once, sets it instead (the test suite sets
 // 16 MiB, so that the same tests reach the streaming stores on every machine).
 inline int64_t ScatterStreamBytes() {

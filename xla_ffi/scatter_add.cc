@@ -174,9 +174,10 @@ void AddColumnRange(const RowAdder<Acc, C>& add, const int64_t* targets, int64_t
 }
 
 // Columns a task owns of every output row, at least. Each task visits every target row
-// in random order, so splitting a row over tasks multiplies the random accesses: for
-// 128-float rows two tasks on two cores took 1.0-2.2x the time of the calling thread alone
-// on reused memory (docs/performance.md, "Splitting the scatter-add's rows").
+// in random order, so splitting a row over tasks multiplies the random accesses: a split
+// pays only where each task's share of a row is long, and rows shorter than two such
+// shares are added by the calling thread alone (see docs/performance.md, "Splitting the
+// scatter-add's rows").
 constexpr int64_t kMinTaskColumns = 256;
 
 // Long rows: each task owns a column range of every output row.
@@ -198,14 +199,15 @@ void AddByColumns(ffi::ThreadPool& pool, const RowAdder<Acc, C>& add, const int6
 // Long rows: the contributions sorted by output row (a stable counting sort, so each row
 // still receives them in ct order), then each task writes a range of output rows once, in
 // order, reading the ct rows it needs (prefetched 8 KiB ahead into every cache level:
-// as non-temporal prefetches, which skip the outer levels, the 65536x128 f32 gradient took
-// 5.6-6.0 ms instead of 3.9-5.2 on an Intel Xeon). A row with one
-// contribution streams straight into the output; one with several is summed in a
-// cache-resident row first and then streamed; a run of rows with none is zeroed in the
-// same sweep. So each output line is written once, in address order, and never read,
-// instead of read and written at random as contributions arrive. (Zeroing the unreached
-// rows in a pass of their own, before the sweep, took about a fifth of the call: runs of
-// one or two rows scattered over the result.)
+// non-temporal prefetches, which skip the outer levels, made the sweep slower where the
+// last-level cache is large). A row with one contribution streams straight
+// into the output; one with several is summed in a cache-resident row first and then
+// streamed; a run of rows with none is zeroed in the same sweep, not in a pass of its own
+// (unreached rows come in runs of one or two scattered over the result, and a separate pass
+// would visit every line twice). So each output line is written once, in address order, and
+// never read, instead of read and written at random as contributions arrive (see
+// docs/performance.md, "Adding the contributions in output-row order" and "Tuning the
+// output-row sweep on a machine with a large last-level cache").
 // I: the index type of the sort's two arrays, 32-bit where the rows fit (under a low mmap
 // threshold each array is a fresh mapping per call, a page fault per 4 KiB).
 template <typename I, typename Acc, Conv C>

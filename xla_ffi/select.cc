@@ -79,9 +79,8 @@ using InPlaceFn = void (*)(int64_t, const uint8_t*, int64_t, const T*, int64_t, 
 
 // The loops compiled twice: for the baseline the wheels target (SSE2 on x86-64) and, on
 // x86-64, for AVX2, chosen at run time. XLA compiles its own loops for the machine it runs
-// on; on an Intel Xeon the baseline in-place select of 2^22 f32 ran at 0.59-0.73x of
-// `jnp.where`'s speed, the AVX2 one at 0.76-0.88x (docs/performance.md, "The select's loops
-// for AVX2").
+// on, so a kernel held to the baseline's vectors loses to it on memory-bound loops that
+// the wider vectors speed up (see docs/performance.md, "The select's loops for AVX2").
 struct Baseline {
   template <typename T, int CS, int XS, int YS>
   static void Blend(int64_t n, const uint8_t* c, int64_t cs, const T* x, int64_t xs, const T* y,

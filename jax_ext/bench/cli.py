@@ -1,11 +1,17 @@
 """The main job: jax_ext against the jnp built-ins, side by side, in one process.
 
-    jax-ext-bench [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
+    jax-ext-bench [--full] [--quick] [--only SUBSTRING] [--pattern both|reused|fresh]
                   [--memory both|warm|fresh|process]
                   [--impl auto|native|lax] [--tune [--tune-budget S]] [--sites N1,N2]
                   [--json bench.json] [--plot bench.png] [--report benchmark.md]
     jax-ext-bench --only overhead [--report PATH]
     jax-ext-bench --calibrate [--quick] [--table PATH] [--report PATH]
+
+Two runs: the default, a selection of the cases (a few of each group: single selects and
+gathers, element-wise and sparse programs, the overhead group), two to five minutes on two
+cores; and ``--full``, every case, about ten. Both time a row alike (the same sizes,
+rounds and memory states): the default has fewer rows, not cheaper ones, except that its
+overhead group compiles programs of fewer call sites. ``--only`` picks among every case.
 
 Each case jits both functions, checks they agree bit for bit, then times them call by
 call, alternating (ours theirs, theirs ours, ...): machine noise hits both alike, and
@@ -52,7 +58,7 @@ tuned on this machine before). ``--impl native`` / ``--impl lax`` force one ever
 Rows are grouped by kind: single calls, element-wise programs (selects among other ops)
 and sparse programs (built on row gathers).
 
-The overhead group (``--only overhead``, and a group of its own in the full run) measures
+The overhead group (``--only overhead``, and a group of its own in every run) measures
 what jax_ext costs outside its kernels, against jnp in the same process. Eager calls:
 each front-end (where, where with a Python scalar, select, where3, gather) and
 ``jax.grad`` of a gather, called outside jit on small arrays, alternating call by call as
@@ -62,8 +68,9 @@ program of N call sites (each a gather and a where) and its gradient, traced and
 for jax_ext under implementation "auto", "lax" and "native", three times with the sides
 alternating; medians, the ratio jnp/jax_ext (> 1: jax_ext is faster) and the growth from
 the smaller N to the larger. N is 100 and 400 when the group runs alone, 25 and 100 in
-the full run (at 400 sites the gradient's XLA compiles alone take about three minutes
-on two cores), 5 and 20 with --quick; ``--sites`` sets them. Its arrays are small, so it
+the full sweep (at 400 sites the gradient's XLA compiles alone take about three minutes
+on two cores), 5 and 20 in the default run and with --quick; ``--sites`` sets
+them. Its arrays are small, so it
 runs under the benchmark's own allocator settings ("process"), in a process of its own,
 whatever --memory says. It has tables of its own (printed after the main table and
 written by --report; kind "overhead" in the JSON) and no panel in the plot.
@@ -122,38 +129,65 @@ class _Options(argparse.Namespace):
     case: str | None
     devices: int
     sites: tuple[int, int] | None
+    full: bool
 
 
-def all_cases(quick: bool, devices: int = 0,
-              sites: tuple[int, int] | None = None) -> list[Case]:
-    """Every case, in the order they run; `sites`: the overhead group's two numbers of
-    call sites (default: those of a run of every group, or of --quick)."""
+# The overhead group's numbers of call sites in the default run: its trace+lower and compile
+# rows, at fewer sites than --full's, so that the group costs seconds there.
+SITES_DEFAULT = (5, 20)
+
+
+def all_cases(quick: bool, devices: int = 0, sites: tuple[int, int] | None = None,
+              full: bool = True) -> list[Case]:
+    """Every case of a run, in the order they run: the full sweep's (`full`) or the
+    default run's selection; `sites`: the overhead group's two numbers of call sites
+    (default: those of the full sweep, or of --quick)."""
     from . import gather, overhead, programs
-    cases = select_cases(quick)
+    cases = select_cases(quick, full)
     if devices > 1:
         from . import sharded
         cases += sharded.cases(quick, devices)
     sites = sites or (overhead.SITES_QUICK if quick else overhead.SITES_FULL)
-    return cases + gather.cases(quick) + programs.cases(quick) + overhead.cases(sites)
+    return (cases + gather.cases(quick, full) + programs.cases(quick, full)
+            + overhead.cases(sites))
+
+
+def _every_case(a: _Options) -> bool:
+    """Whether the run picks from every case: --full, and --only or a child's --case,
+    which name any case of the full sweep."""
+    return a.full or bool(a.only) or a.case is not None
 
 
 def _selected(a: _Options, sites: tuple[int, int] | None) -> list[Case]:
-    """The cases --only (or a child's --case) picks."""
-    return [c for c in all_cases(a.quick, a.devices, sites) if a.only in c["name"]
-            and (a.case is None or c["name"] == a.case)]
+    """The cases of the run: the default selection, every case with --full, or those
+    --only (or a child's --case) picks among every case."""
+    return [c for c in all_cases(a.quick, a.devices, sites, _every_case(a))
+            if a.only in c["name"] and (a.case is None or c["name"] == a.case)]
 
 
 def _sites(a: _Options) -> tuple[int, int]:
     """The overhead group's numbers of call sites: --sites, else the issue's pair when the
     run is the overhead group alone, a smaller one in a run of other groups too (the
-    gradient's XLA compile dominates), the smallest with --quick."""
+    gradient's XLA compile dominates), smaller still in the default run, the smallest
+    with --quick."""
     from . import overhead
     if a.sites:
         return a.sites
     if a.quick:
         return overhead.SITES_QUICK
+    if not _every_case(a):
+        return SITES_DEFAULT
     alone = all(c["kind"] == OVERHEAD for c in _selected(a, None))
     return overhead.SITES_ALONE if alone else overhead.SITES_FULL
+
+
+def _run_name(a: _Options) -> str:
+    """What the run is, for the header and the report."""
+    if a.only:
+        return f"the cases named by --only {a.only!r}"
+    if a.full:
+        return "the full sweep (every case)"
+    return "the default selection of cases (--full runs every case)"
 
 
 def _sites_arg(text: str) -> tuple[int, int]:
@@ -217,8 +251,11 @@ def _parser() -> argparse.ArgumentParser:
     # import the source folder, which has no compiled module).
     p = argparse.ArgumentParser(prog="jax-ext-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--full", action="store_true", help="every case (default: a selection "
+                   "from every group; about ten minutes against two to five on two cores)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, 7 rounds")
-    p.add_argument("--only", default="", help="run the cases whose name contains this")
+    p.add_argument("--only", default="", help="run the cases whose name contains this "
+                   "(among every case)")
     p.add_argument("--rounds", type=int, default=None,
                    help="alternating timing rounds (at least 3; default 15, --quick 7)")
     p.add_argument("--pattern", choices=("both", "reused", "fresh", "loop"), default="both",
@@ -235,12 +272,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-budget", type=float, default=10.0, metavar="SECONDS",
                    help="with --tune: the most seconds tuning one program may take "
                         "(default 10)")
-    p.add_argument("--json", default="bench.json",
-                   help="where to write the results (default: bench.json in the current "
-                        "directory)")
-    p.add_argument("--plot", default="bench.png",
-                   help="where to draw the plot (matplotlib; default: bench.png in the "
-                        "current directory)")
+    p.add_argument("--json", default="bench.json", help="where to write the results "
+                   "(default: bench.json in the current directory)")
+    p.add_argument("--plot", default="bench.png", help="where to draw the plot "
+                   "(matplotlib; default: bench.png in the current directory)")
     p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     p.add_argument("--report", default=None, metavar="PATH",
                    help="also write the table as Markdown, under a header naming the machine "
@@ -270,7 +305,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", type=_sites_arg, default=None, metavar="N1,N2",
                    help="the overhead group's two numbers of call sites (default: 100,400 "
                         "when the run is that group alone, --only overhead; 25,100 in a run "
-                        "of other groups too; 5,20 with --quick)")
+                        "of other groups too, --full; 5,20 in the default run and with "
+                        "--quick)")
     return p
 
 
@@ -289,8 +325,9 @@ def _headline(meta: Meta, a: _Options, n_cases: int) -> str:
     native = "native module loaded" if meta["native"] else "NO native module"
     tuned = (f"--tune ({a.tune_budget:g} s a program)" if a.tune
              else "the tuning cache as found")
-    return (f"jax_ext {meta['jax_ext']} | implementation {a.impl} | {native} | {meta['date']} | "
-            f"{meta['cpu']} x{meta['cores']} | jax {meta['jax']} jaxlib {meta['jaxlib']} | "
+    return (f"jax_ext {meta['jax_ext']} | {meta.get('run', '')} | implementation {a.impl} | "
+            f"{native} | {meta['date']} | {meta['cpu']} x{meta['cores']} | "
+            f"jax {meta['jax']} jaxlib {meta['jaxlib']} | "
             f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {n_cases} cases x "
             f"{len(meta['patterns'])} patterns, {meta['rounds']} alternating rounds | "
             f"tuned column: {tuned} | load {meta['loadavg_start'][0]:.1f}"
@@ -382,7 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = machine_info(a.impl) | {"quick": a.quick, "rounds": rounds,
                                    "memory": {m: MEMORY_STATES.get(m, {}) for m in states},
                                    "patterns": used, "tune_budget_s": _tune_budget(a),
-                                   "loadavg_start": list(os.getloadavg())}
+                                   "loadavg_start": list(os.getloadavg()),
+                                   "run": _run_name(a)}
     if any(c["kind"] == OVERHEAD for c in cases):
         from . import overhead
         meta |= {"sites": list(a.sites), "overhead_repeats": overhead.REPEATS}

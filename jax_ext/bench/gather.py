@@ -129,7 +129,9 @@ def _grad_case(rows: int, cols: int, n: int, seed: int = 1) -> Case:
                 make=make, chain=False, kind=SINGLE)
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(quick: bool, full: bool = True) -> list[Case]:
+    """Every gather case (`full`), or the default run's selection: rows of 64 values and of
+    8, and the gradient."""
     if quick:
         shapes = [(65536, 128, 16384), (16384, 64, 4096), (262144, 16, 65536), (4096, 8, 4096)]
         grad = (16384, 128, 16384)
@@ -137,7 +139,10 @@ def cases(quick: bool) -> list[Case]:
         shapes = [(262144, 128, 65536), (65536, 64, 16384), (1048576, 16, 262144),
                   (4096, 8, 4096)]
         grad = (65536, 128, 65536)
+    if not full:
+        shapes = [shapes[1], shapes[3]]
     out = [_gather_case(r, c, n) for r, c, n in shapes]
     out.append(_grad_case(*grad))
-    out.append(_loss_grad_case(*grad))
+    if full:
+        out.append(_loss_grad_case(*grad))
     return out

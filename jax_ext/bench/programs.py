@@ -55,15 +55,18 @@ def _vec(n: int, dtype: npt.DTypeLike = np.float32) -> MakeArgs:
 
 # --- element-wise programs: a select among the element-wise ops around it --------------
 
+def _where_chain(k: int) -> _Prog:
+    """where(x > 0, x * 2, y + 1) on 2^k float32: one select among the ops it fuses with."""
+    return _Prog(f"prog where(x>0, x*2, y+1) f32 2^{k}",
+                 lambda x, y: jax_ext.where(x > 0, x * 2, y + 1),
+                 lambda x, y: jnp.where(x > 0, x * 2, y + 1), _vec(1 << k))
+
+
 def _where_chains(quick: bool) -> list[_Prog]:
     big = 1 << (20 if quick else 22)
     tag = "2^20" if quick else "2^22"
     W = jax_ext.where
-    out: list[_Prog] = []
-    for k in ([20] if quick else [20, 22]):
-        out.append(_Prog(f"prog where(x>0, x*2, y+1) f32 2^{k}",
-                         lambda x, y: W(x > 0, x * 2, y + 1),
-                         lambda x, y: jnp.where(x > 0, x * 2, y + 1), _vec(1 << k)))
+    out = [_where_chain(k) for k in ([20] if quick else [20, 22])]
     out.append(_Prog(f"prog sum(where(x>0, x, y)) f32 {tag}",
                      lambda x, y: jnp.sum(W(x > 0, x, y)),
                      lambda x, y: jnp.sum(jnp.where(x > 0, x, y)), _vec(big)))
@@ -179,9 +182,16 @@ def _masked_pooling(quick: bool) -> _Prog:
                  pool(jnp.where), args)
 
 
-def elementwise(quick: bool) -> list[Case]:
-    programs = [*_where_chains(quick), _clip(quick), _safe_log_likelihood(),
-                *_attention(quick), _scan_rnn(quick), _masked_pooling(quick)]
+def elementwise(quick: bool, full: bool = True) -> list[Case]:
+    """The element-wise programs: every one (`full`), or the default run's three: a select
+    among the ops it fuses with, an attention mask made inside the program (the causal
+    forward pass) and one that `auto` runs natively (masked mean pooling)."""
+    if full:
+        programs = [*_where_chains(quick), _clip(quick), _safe_log_likelihood(),
+                    *_attention(quick), _scan_rnn(quick), _masked_pooling(quick)]
+    else:
+        programs = [_where_chain(20 if quick else 22), _attention(quick)[0],
+                    _masked_pooling(quick)]
     return [_case(p, ELEMENTWISE) for p in programs]
 
 
@@ -403,12 +413,18 @@ def _beam_search(quick: bool) -> _Prog:
                  beam(_gather, jax_ext.where), beam(_take, jnp.where), args)
 
 
-def sparse(quick: bool) -> list[Case]:
-    programs = [*_gather_reductions(quick), _embedding_bag(quick), _topk_dispatch(quick),
-                _dlrm(quick), _gnn(quick), _paged_kv(quick), _vmap_gather(quick),
-                _retrieval(quick), _graphsage(quick), _beam_search(quick)]
+def sparse(quick: bool, full: bool = True) -> list[Case]:
+    """The sparse programs: every one (`full`), or the default run's two: a gather's
+    gradient (a scatter-add) among other ops, and a paged KV-cache decode."""
+    if full:
+        programs = [*_gather_reductions(quick), _embedding_bag(quick), _topk_dispatch(quick),
+                    _dlrm(quick), _gnn(quick), _paged_kv(quick), _vmap_gather(quick),
+                    _retrieval(quick), _graphsage(quick), _beam_search(quick)]
+    else:
+        programs = [_gather_reductions(quick)[1], _paged_kv(quick)]
     return [_case(p, SPARSE) for p in programs]
 
 
-def cases(quick: bool) -> list[Case]:
-    return elementwise(quick) + sparse(quick)
+def cases(quick: bool, full: bool = True) -> list[Case]:
+    """Every program (`full`), or the default run's selection of them."""
+    return elementwise(quick, full) + sparse(quick, full)

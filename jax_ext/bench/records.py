@@ -66,6 +66,7 @@ class Meta(TypedDict):
     malloc_env: dict[str, str]
     # the benchmark's, not the calibration's
     quick: NotRequired[bool]
+    run: NotRequired[str]  # which cases: the default selection, the full sweep, --only's
     rounds: NotRequired[int]
     patterns: NotRequired[list[str]]
     # each memory state timed, with the allocator settings its processes ran under

@@ -183,6 +183,7 @@ def header_lines(meta: Meta, timed: bool = True) -> list[str]:
         f"({'native module loaded' if meta['native'] else 'no native module'})",
         f"- glibc allocator of the benchmark's own process: "
         f"{malloc or 'default settings (no MALLOC_* variable)'}",
+        *([f"- cases: {meta['run']}"] if meta.get("run") else []),
         f"- implementation: {meta['implementation']}; calling patterns: "
         f"{', '.join(meta['patterns'])}; {meta['rounds']} alternating rounds"
         f"{' (--quick sizes)' if meta['quick'] else ''}",
