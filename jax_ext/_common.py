@@ -71,8 +71,15 @@ def as_array(v: Any, what: str, fn: str) -> jax.Array:
 
 def scalar_as(v: Any, dtype: Any, what: str, fn: str) -> jax.Array:
     """A Python scalar as a 0-d array of `dtype` (the dtype jnp's weak-type rules give
-    it), or ValueError when it is an int that does not fit: out of an integer dtype's
-    range (jnp would wrap it, int4 included), or beyond a float dtype's largest value."""
+    it), or ValueError when it is an int that does not fit (see scalar_np)."""
+    return jnp.asarray(scalar_np(v, dtype, what, fn))
+
+
+def scalar_np(v: Any, dtype: Any, what: str, fn: str) -> np.ndarray[Any, Any]:
+    """A Python scalar as a 0-d numpy array of `dtype`, converted by numpy directly (a
+    float reaches float16 in one rounding; -0.0 and NaN payloads kept), or ValueError when
+    it is an int that does not fit: out of an integer dtype's range (jnp would wrap it,
+    int4 included), or beyond a float dtype's largest value."""
     dt = np.dtype(dtype)
     if isinstance(v, int) and not isinstance(v, bool):
         if jnp.issubdtype(dt, jnp.integer):
@@ -85,7 +92,7 @@ def scalar_as(v: Any, dtype: Any, what: str, fn: str) -> jax.Array:
             if abs(v) > big:
                 raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
                                  f"finite value {big:g})")
-    return jnp.asarray(v, dtype=dt)
+    return np.asarray(v, dt)
 
 
 def is_extended(v: Any) -> bool:
