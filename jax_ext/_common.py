@@ -82,17 +82,26 @@ def scalar_np(v: Any, dtype: Any, what: str, fn: str) -> np.ndarray[Any, Any]:
     int4 included), or beyond a float dtype's largest value."""
     dt = np.dtype(dtype)
     if isinstance(v, int) and not isinstance(v, bool):
-        if jnp.issubdtype(dt, jnp.integer):
-            info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
-            if not int(info.min) <= v <= int(info.max):
+        lo, hi = int_bounds(dt)
+        if not lo <= v <= hi:
+            if jnp.issubdtype(dt, jnp.integer):
                 raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (range "
-                                 f"[{int(info.min)}, {int(info.max)}])")
-        elif jnp.issubdtype(dt, jnp.inexact):
-            big = float(jnp.finfo(dt).max)  # type: ignore[no-untyped-call]
-            if abs(v) > big:
-                raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
-                                 f"finite value {big:g})")
+                                 f"[{lo}, {hi}])")
+            raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
+                             f"finite value {hi:g})")
     return np.asarray(v, dt)
+
+
+def int_bounds(dt: np.dtype[Any]) -> tuple[int | float, int | float]:
+    """The Python ints that `dt` takes (scalar_np): an integer dtype's range, an inexact
+    dtype's finite values (+-its largest, as a float), anything for another dtype."""
+    if jnp.issubdtype(dt, jnp.integer):
+        info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
+        return int(info.min), int(info.max)
+    if jnp.issubdtype(dt, jnp.inexact):
+        big = float(jnp.finfo(dt).max)  # type: ignore[no-untyped-call]
+        return -big, big
+    return -float("inf"), float("inf")
 
 
 def is_extended(v: Any) -> bool:

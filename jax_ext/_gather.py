@@ -92,8 +92,10 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             edge row and its gradient goes there. A static Python bool (or ``np.bool_``);
             a traced value raises ``TypeError`` (mark it static in ``jit``).
         num_indices: ``None`` (all ``n`` rows) or an integer scalar, traced allowed:
-            rows ``num_indices .. n-1`` hold ``pad_value``. A traced value is clamped to
-            ``[0, n]``.
+            rows ``num_indices .. n-1`` hold ``pad_value``. A Python int or a numpy
+            integer (scalar or 0-d array) is static: outside ``[0, n]`` it raises
+            ``ValueError``, eagerly and under ``jit``. A jax array, traced or concrete, is
+            clamped to ``[0, n]``, eagerly as under ``jit``.
         pad_value: ``None`` (0) or a scalar, traced allowed. A Python scalar (or a weakly
             typed one, as a Python scalar passed to ``jit`` is) takes ``src.dtype`` when it
             is of ``src``'s kind or a lower one (bool < int < float < complex); one that
@@ -113,7 +115,7 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             operand that is not an array or a scalar).
         ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
             rank 1, or (x64 off) a numpy ``index`` holding values that do not fit int32;
-            a static ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
+            a static (Python or numpy) ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
             a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
         NotImplementedError: ``dim`` is the last dimension of ``src`` (as in the seed).
 
