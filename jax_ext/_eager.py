@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
@@ -169,7 +170,7 @@ def _promoted(x: Any, y: Any, tx: type, ty: type) -> tuple[np.dtype[Any], bool] 
 def _numpy_dtype(dt: Any) -> bool:
     """A dtype numpy converts to (not a PRNG key's, not float0)."""
     try:
-        return not (jax.dtypes.issubdtype(dt, jax.dtypes.extended) or dt == jax.dtypes.float0)
+        return not (jnp.issubdtype(dt, jax.dtypes.extended) or dt == jax.dtypes.float0)
     except TypeError:
         return False
 
@@ -188,7 +189,7 @@ def _exact(v: bool | int | float | complex, dt: np.dtype[Any]) -> Any:
         if bounds is None:
             bounds = int_bounds(dt)
             _remember(_BOUNDS, dt, bounds, 256)
-        if not bounds[0] <= v <= bounds[1]:
+        if not bounds[0] <= cast(int, v) <= bounds[1]:
             return None
     try:
         return _WRAP[t](np.asarray(v, dt))
@@ -336,7 +337,7 @@ def static_int(v: object) -> int | None:
     """A Python int or a numpy integer scalar (a concrete value, which the front-end
     checks as a static one) as an int; None for anything else (a bool is not one)."""
     if type(v) is int:
-        return cast(int, v)
+        return v
     if isinstance(v, np.integer):
         return int(v)
     return None

@@ -115,8 +115,8 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             operand that is not an array or a scalar).
         ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
             rank 1, or (x64 off) a numpy ``index`` holding values that do not fit int32;
-            a static (Python or numpy) ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
-            a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
+            a static (Python or numpy) ``num_indices`` outside ``[0, n]``; a ``pad_value``
+            that is not a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
         NotImplementedError: ``dim`` is the last dimension of ``src`` (as in the seed).
 
     Example:

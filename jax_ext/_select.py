@@ -15,7 +15,7 @@ result; the primitive ``jax_ext_select`` takes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import jax
@@ -40,7 +40,7 @@ Value = jax.Array | bool | int | float | complex | _eager.Scalar
 
 def _as_array(v: ArrayLike, arg: str, fn: str) -> Value:
     if is_py_scalar(v) or _eager.is_scalar(v):
-        return v  # a weakly typed Python scalar: typed later against the other operand
+        return cast(Value, v)  # a weakly typed Python scalar: typed later against the other
     return as_array(v, f"{arg} must be an array or a scalar", fn)
 
 

@@ -106,7 +106,7 @@ def eager_cases() -> list[Case]:
         _eager(f"gather {table}", _gather, _take, _table_index, LOOKUPS * COLS),
         _eager(f"grad of sum(gather) {table}", _grad_of(_gather), _grad_of(_take),
                _table_index, ROWS * COLS),
-    ]
+    ] + scalar_loop_cases()
 
 
 # --- eager loops over fresh Python scalars ----------------------------------------------
@@ -150,7 +150,7 @@ def _compiles() -> Iterator[list[int]]:
     """The number of XLA compiles in the block (jax.monitoring's compile events)."""
     count = [0]
 
-    def listen(event: str, duration: float, **_: Any) -> None:
+    def listen(event: str, duration_secs: float, **_: str | int) -> None:
         count[0] += event == _COMPILE_EVENT
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
@@ -202,7 +202,9 @@ def measure_scalar_loop(ours: Callable[..., Array], theirs: Callable[..., Array]
 
 def _scalar_loop(name: str, ours: Callable[..., Array], theirs: Callable[..., Array],
                  make_args: Callable[[np.random.Generator], tuple[npt.ArrayLike, ...]],
-                 elements: int, n: int = LOOP_VALUES) -> Case:
+                 elements: int, short: bool = False) -> Case:
+    """A row of measure_scalar_loop: LOOP_VALUES fresh values a side each round
+    (PAD_LOOP_VALUES where `short`), LOOP_ROUNDS rounds."""
     def args() -> tuple[Array, ...]:
         return tuple(jnp.asarray(a) for a in make_args(np.random.default_rng(0)))
 
@@ -212,7 +214,9 @@ def _scalar_loop(name: str, ours: Callable[..., Array], theirs: Callable[..., Ar
     return Case(name=f"overhead eager {name}, fresh Python scalars", op="eager",
                 dtype="float32", elements=elements, bytes=0, make=make, chain=False,
                 kind=OVERHEAD, impls=True,
-                measure=lambda: measure_scalar_loop(ours, theirs, args(), n, LOOP_ROUNDS))
+                measure=lambda: measure_scalar_loop(
+                    ours, theirs, args(), PAD_LOOP_VALUES if short else LOOP_VALUES,
+                    LOOP_ROUNDS))
 
 
 def _c0x0(rng: np.random.Generator) -> tuple[npt.ArrayLike, ...]:
@@ -238,7 +242,7 @@ def scalar_loop_cases() -> list[Case]:
         _scalar_loop(f"gather pad_value=s {table}",
                      lambda t, i, v: jax_ext.gather(t, [0], 0, i, pad_value=v,
                                                     align_bytes=None),
-                     take_fill, table_fill, LOOKUPS * COLS, PAD_LOOP_VALUES),
+                     take_fill, table_fill, LOOKUPS * COLS, short=True),
     ]
 
 
@@ -381,5 +385,4 @@ def _lowering_case(grad: bool, sites: Sequence[int], repeats: int) -> Case:
 def cases(sites: Sequence[int], repeats: int | None = None) -> list[Case]:
     """The overhead group: the eager rows, then the lowering rows (forward, gradient) at
     the two numbers of call sites `sites`, `repeats` times each (default REPEATS)."""
-    return eager_cases() + scalar_loop_cases() + [
-        _lowering_case(g, sites, repeats or REPEATS) for g in (False, True)]
+    return eager_cases() + [_lowering_case(g, sites, repeats or REPEATS) for g in (False, True)]
