@@ -67,11 +67,17 @@ def _remember(cache: dict[Any, Any], key: object, value: object, size: int) -> N
         cache[key] = value
 
 
-def _with_type(types: frozenset[type], t: type) -> frozenset[type]:
-    """`types` and `t`, swapped in whole (readers see the old set or the new one); the
-    classes of jax arrays are few: past 64 the set stops growing (isinstance answers)."""
+def _add_type(t: type, concrete: bool) -> None:
+    """Remembers the jax array class `t` in _ARRAY_TYPES (and in CONCRETE where
+    `concrete`): each set is swapped in whole, under the lock (readers see the old set or
+    the new one, and no insertion is lost). The classes are few: past 64 a set stops
+    growing (isinstance answers the others)."""
+    global _ARRAY_TYPES, CONCRETE
     with _LOCK:
-        return types if len(types) >= 64 else types | {t}
+        if len(_ARRAY_TYPES) < 64:
+            _ARRAY_TYPES = _ARRAY_TYPES | {t}
+        if concrete and len(CONCRETE) < 64:
+            CONCRETE = CONCRETE | {t}
 
 
 # --- Python scalars, traced -------------------------------------------------------------
@@ -254,14 +260,13 @@ def array(v: object) -> bool:
     """An operand jit takes as jax_ext would: a jax array (a tracer included), or a numpy
     array or scalar of a dtype jit keeps. (Every eager call asks: the classes seen are
     remembered, which spares isinstance's walk of jax.Array's registered subclasses.)"""
-    global _ARRAY_TYPES
     t = type(v)
     if t in _ARRAY_TYPES:
         return True
     if t is np.ndarray or isinstance(v, np.generic):
         return _kept_dtype(cast("np.ndarray[Any, Any]", v).dtype)
     if isinstance(v, jax.Array):
-        _ARRAY_TYPES = _with_type(_ARRAY_TYPES, t)
+        _add_type(t, False)
         return True
     return False
 
@@ -273,10 +278,9 @@ CONCRETE: frozenset[type] = frozenset()
 
 def concrete(v: object) -> bool:
     """A jax array holding values (not a tracer): the call is eager."""
-    global CONCRETE
     if isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer):
         if type(v) not in CONCRETE:
-            CONCRETE = _with_type(CONCRETE, type(v))
+            _add_type(type(v), True)
         return True
     return False
 
