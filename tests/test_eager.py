@@ -57,7 +57,7 @@ CASES = [
 def _want(cond, x, v):
     """numpy's where of x and the Python scalar v converted directly to the dtype and
     weak type jnp.where gives the pair."""
-    want = jnp.where(cond, x, v)
+    want = jax.eval_shape(lambda: jnp.where(cond, x, v))  # typed as jnp types it, not run
     return np.where(cond, np.asarray(x).astype(want.dtype),
                     np.asarray(v, want.dtype)), want.dtype, want.weak_type
 
