@@ -285,3 +285,29 @@ def test_eight_threads_with_fresh_offsets_and_scalars(impl):
     assert not errors, errors[:3]
     assert all(d >= per for d in done), done
     assert len(_eager._INTS) <= 256  # 800 offsets went through: the oldest were evicted
+
+
+def _transfers(capfd, call, times=3):
+    """Host-to-device transfers that `times` calls of `call` make (jax's transfer guard
+    logs each one), after a first call."""
+    call()
+    capfd.readouterr()
+    with jax.transfer_guard_host_to_device("log"):
+        for _ in range(times):
+            jax.block_until_ready(call())
+    return capfd.readouterr().err.count("host-to-device transfer")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_python_scalar_costs_the_transfer_jnp_pays(capfd, impl):
+    """A Python scalar travels to the device once per call, as jnp.where's does; gather's
+    Python-int offsets and num_indices are device arrays made once (none per call)."""
+    x = jnp.asarray(rng.standard_normal(12), jnp.float32)
+    c, src, idx = jnp.asarray(C), jnp.asarray(SRC), jnp.asarray(IDX)
+    jnp_where = _transfers(capfd, lambda: jnp.where(c, x, 0.25))
+    assert jnp_where == 3
+    with jax_ext.implementation(impl):
+        assert _transfers(capfd, lambda: jax_ext.where(c, x, 0.25)) == jnp_where
+        assert _transfers(capfd, lambda: jax_ext.select(c, 0.25, x)) == jnp_where
+        assert _transfers(capfd, lambda: jax_ext.gather(src, [1], 0, idx, pad_value=0.25)) == 3
+        assert _transfers(capfd, lambda: jax_ext.gather(src, [1], 0, idx, num_indices=2)) == 0
