@@ -71,21 +71,37 @@ def as_array(v: Any, what: str, fn: str) -> jax.Array:
 
 def scalar_as(v: Any, dtype: Any, what: str, fn: str) -> jax.Array:
     """A Python scalar as a 0-d array of `dtype` (the dtype jnp's weak-type rules give
-    it), or ValueError when it is an int that does not fit: out of an integer dtype's
-    range (jnp would wrap it, int4 included), or beyond a float dtype's largest value."""
+    it), or ValueError when it is an int that does not fit (see scalar_np)."""
+    return jnp.asarray(scalar_np(v, dtype, what, fn))
+
+
+def scalar_np(v: Any, dtype: Any, what: str, fn: str) -> np.ndarray[Any, Any]:
+    """A Python scalar as a 0-d numpy array of `dtype`, converted by numpy directly (a
+    float reaches float16 in one rounding; -0.0 and NaN payloads kept), or ValueError when
+    it is an int that does not fit: out of an integer dtype's range (jnp would wrap it,
+    int4 included), or beyond a float dtype's largest value."""
     dt = np.dtype(dtype)
     if isinstance(v, int) and not isinstance(v, bool):
-        if jnp.issubdtype(dt, jnp.integer):
-            info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
-            if not int(info.min) <= v <= int(info.max):
+        lo, hi = int_bounds(dt)
+        if not lo <= v <= hi:
+            if jnp.issubdtype(dt, jnp.integer):
                 raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (range "
-                                 f"[{int(info.min)}, {int(info.max)}])")
-        elif jnp.issubdtype(dt, jnp.inexact):
-            big = float(jnp.finfo(dt).max)  # type: ignore[no-untyped-call]
-            if abs(v) > big:
-                raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
-                                 f"finite value {big:g})")
-    return jnp.asarray(v, dtype=dt)
+                                 f"[{lo}, {hi}])")
+            raise ValueError(f"{fn}: {what}={v} does not fit in {dt.name} (largest "
+                             f"finite value {hi:g})")
+    return np.asarray(v, dt)
+
+
+def int_bounds(dt: np.dtype[Any]) -> tuple[int | float, int | float]:
+    """The Python ints that `dt` takes (scalar_np): an integer dtype's range, an inexact
+    dtype's finite values (+-its largest, as a float), anything for another dtype."""
+    if jnp.issubdtype(dt, jnp.integer):
+        info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
+        return int(info.min), int(info.max)
+    if jnp.issubdtype(dt, jnp.inexact):
+        big = float(jnp.finfo(dt).max)  # type: ignore[no-untyped-call]
+        return -big, big
+    return -float("inf"), float("inf")
 
 
 def is_extended(v: Any) -> bool:

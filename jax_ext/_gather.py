@@ -92,8 +92,10 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             edge row and its gradient goes there. A static Python bool (or ``np.bool_``);
             a traced value raises ``TypeError`` (mark it static in ``jit``).
         num_indices: ``None`` (all ``n`` rows) or an integer scalar, traced allowed:
-            rows ``num_indices .. n-1`` hold ``pad_value``. A traced value is clamped to
-            ``[0, n]``.
+            rows ``num_indices .. n-1`` hold ``pad_value``. A Python int or a numpy
+            integer (scalar or 0-d array) is static: outside ``[0, n]`` it raises
+            ``ValueError``, eagerly and under ``jit``. A jax array, traced or concrete, is
+            clamped to ``[0, n]``, eagerly as under ``jit``.
         pad_value: ``None`` (0) or a scalar, traced allowed. A Python scalar (or a weakly
             typed one, as a Python scalar passed to ``jit`` is) takes ``src.dtype`` when it
             is of ``src``'s kind or a lower one (bool < int < float < complex); one that
@@ -113,8 +115,8 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
             operand that is not an array or a scalar).
         ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
             rank 1, or (x64 off) a numpy ``index`` holding values that do not fit int32;
-            a static ``num_indices`` outside ``[0, n]``; a ``pad_value`` that is not
-            a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
+            a static (Python or numpy) ``num_indices`` outside ``[0, n]``; a ``pad_value``
+            that is not a scalar or does not fit ``src.dtype``; a bad ``align_bytes``.
         NotImplementedError: ``dim`` is the last dimension of ``src`` (as in the seed).
 
     Example:
@@ -154,37 +156,52 @@ def _eager_args(src: object, offsets: object, dim: object, index: object,
                 align_bytes: object) -> tuple[object, ...] | None:
     """gather's arguments as its jitted front-end takes them (see _eager), or None where
     it runs unjitted: static dim, check_bounds and align_bytes of the types gather
-    takes; offsets and num_indices as arrays or Python ints that the checks below keep
-    (jit traces those ints, so the front-end's own range checks would not see them)."""
+    takes; offsets, num_indices and pad_value as arrays, or concrete values that pass
+    here the checks the front-end makes on them (jit traces those, so the front-end's
+    own checks would not see their values)."""
     if not (_eager.ENABLED and type(dim) is int and type(check_bounds) in (bool, np.bool_)
             and (align_bytes is None or type(align_bytes) is int)
             and _eager.array(src) and _eager.array(index)):
         return None
     eager = _eager.concrete(src)  # else traced: Python ints stay constants of the trace
+    offsets = _eager_offsets(offsets, eager)
+    if offsets is None:
+        return None
+    num = _args.concrete_num_indices(num_indices)
+    s = _eager.static_int(num)
+    if s is not None:
+        shape: tuple[Any, ...] = getattr(index, "shape", ())
+        if len(shape) != 1 or type(shape[0]) is not int or not 0 <= s <= shape[0]:
+            return None  # (a symbolic n: the front-end's checks know how to compare)
+        num = _eager.ints(s) if eager else s  # (in range of the default int: n is)
+    elif num is not None and (isinstance(num, np.generic) or not _eager.array(num)):
+        return None  # (a numpy bool or float: the front-end names its type)
+    pad = pad_value
+    if type(pad_value) in _eager.PY_SCALARS:
+        pad = _eager.pad(pad_value, src)  # type: ignore[arg-type]
+        if pad is None:
+            return None
+    elif pad_value is not None and not _eager.array(pad_value):
+        return None
+    return src, offsets, dim, index, check_bounds, num, pad, align_bytes
+
+
+def _eager_offsets(offsets: object, eager: bool) -> object:
+    """gather's offsets as its jitted front-end takes them, or None where it runs
+    unjitted: Python ints and numpy integer scalars, checked to fit the default integer
+    type (a device array, made once, where the call is eager), or arrays."""
     if isinstance(offsets, (list, tuple)):
-        offsets = tuple(offsets)
-        if all(type(o) is int for o in offsets):
-            made = _eager.ints(offsets)
+        static = [_eager.static_int(o) for o in offsets]
+        if all(s is not None for s in static):
+            made = _eager.ints(tuple(static))  # type: ignore[arg-type]
             if made is None:
                 return None  # out of range: the front-end says so
-            if eager:
-                offsets = made
-        elif not all(type(o) is not int and _eager.array(o) for o in offsets):
-            return None  # mixed: the front-end checks each
-    elif not _eager.array(offsets):
-        return None
-    if type(num_indices) is int:
-        shape: tuple[Any, ...] = getattr(index, "shape", ())
-        if len(shape) != 1 or type(shape[0]) is not int or not 0 <= num_indices <= shape[0]:
-            return None  # (a symbolic n: the front-end's checks know how to compare)
-        if eager:  # (in range of the default int: n is)
-            num_indices = _eager.ints(num_indices)
-    elif num_indices is not None and not _eager.array(num_indices):
-        return None
-    pad = pad_value if pad_value is None else _eager.operand(pad_value)
-    if pad is NotImplemented:
-        return None
-    return src, offsets, dim, index, check_bounds, num_indices, pad, align_bytes
+            return made if eager else tuple(static)
+        if not all(s is None and not isinstance(o, (np.generic, *_eager.PY_SCALARS))
+                   and _eager.array(o) for s, o in zip(static, offsets)):
+            return None  # mixed, or a numpy bool: the front-end checks each
+        return tuple(offsets)
+    return offsets if _eager.array(offsets) else None
 
 
 def _gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
+from . import _eager
 from ._common import (as_array, describe, fmt_shape as _fmt, is_arraylike, is_py_scalar,
                       scalar_as)
 
@@ -185,13 +186,22 @@ def num_indices_operand(num_indices: object, index: jax.Array, fn: str) -> jax.A
     cdt = default_int()
     if num_indices is None:
         return jnp.asarray(n, cdt)
-    s = int_scalar(num_indices, "num_indices", fn)
+    s = int_scalar(concrete_num_indices(num_indices), "num_indices", fn)
     if not isinstance(s, int):
         return to_default_int(s, saturate_to=n)
     if not (0 <= s and maybe_le(s, n)):
         raise ValueError(f"{fn}: num_indices={s} must lie in [0, n] = [0, {n}] for index "
                          f"{_fmt(index.shape)}")
     return jnp.asarray(s, cdt)
+
+
+def concrete_num_indices(num_indices: object) -> object:
+    """A 0-d numpy integer array as its numpy scalar: a concrete value, checked as a static
+    one (a jax array, concrete or traced, is clamped instead: see gather's docstring)."""
+    if (type(num_indices) is np.ndarray and num_indices.ndim == 0
+            and num_indices.dtype.kind in "iu"):
+        return num_indices[()]
+    return num_indices
 
 
 def pad_operand(pad_value: object, src: jax.Array, fn: str) -> jax.Array:
@@ -202,6 +212,8 @@ def pad_operand(pad_value: object, src: jax.Array, fn: str) -> jax.Array:
     value would be cut. A typed pad array is cast to src's dtype (as astype)."""
     if pad_value is None:
         return jnp.zeros((), src.dtype)
+    if _eager.is_scalar(pad_value):  # a Python scalar, checked and converted to src's dtype
+        return _eager.converted(pad_value, np.dtype(src.dtype))
     if not is_arraylike(pad_value):
         raise TypeError(f"{fn}: pad_value must be a scalar or a scalar array, got "
                         f"{describe(pad_value)}")

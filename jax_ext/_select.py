@@ -15,7 +15,7 @@ result; the primitive ``jax_ext_select`` takes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import jax
@@ -33,14 +33,14 @@ from ._types import AutoBroadcast
 
 Zero = _compat.Zero
 # A value operand once checked: an array, or a Python scalar typed later against the other.
-Value = jax.Array | bool | int | float | complex
+Value = jax.Array | bool | int | float | complex | _eager.Scalar
 
 
 # --- front-end helpers --------------------------------------------------------------
 
 def _as_array(v: ArrayLike, arg: str, fn: str) -> Value:
-    if is_py_scalar(v):
-        return v  # a weakly typed Python scalar: typed later against the other operand
+    if is_py_scalar(v) or _eager.is_scalar(v):
+        return cast(Value, v)  # a weakly typed Python scalar: typed later against the other
     return as_array(v, f"{arg} must be an array or a scalar", fn)
 
 
@@ -80,7 +80,7 @@ def _values(x: ArrayLike, y: ArrayLike, names: tuple[str, str],
     does not fit the dtype it gets raises ValueError; a weakly typed array, like jnp,
     converts (an int wraps)."""
     for n, v in zip(names, (x, y)):
-        if not is_arraylike(v):
+        if not (is_arraylike(v) or _eager.is_scalar(v)):
             raise TypeError(f"{fn}: {n} must be an array or a scalar, got {describe(v)}")
     if is_extended(x) or is_extended(y):
         return _key_values(x, y, names, fn)
@@ -95,18 +95,23 @@ def _values(x: ArrayLike, y: ArrayLike, names: tuple[str, str],
                         f"{names[0]}: {xv.dtype}{_fmt(xv.shape)} and {names[1]}: {yv.dtype}"
                         f"{_fmt(yv.shape)} (jax_ext never promotes two typed arrays; cast one "
                         f"explicitly){hint}")
-    dt, weak = jax.dtypes.result_type(xv, yv, return_weak_type_flag=True)
+    dt, weak = jax.dtypes.result_type(_eager.promotable(xv), _eager.promotable(yv),
+                                      return_weak_type_flag=True)
     return _typed(xv, names[0], dt, weak, fn), _typed(yv, names[1], dt, weak, fn)
 
 
 def _strong(v: Value) -> TypeGuard[jax.Array]:
     """A strongly typed array (not a Python scalar, nor weakly typed like one)."""
-    return not is_py_scalar(v) and not jax.typeof(v).weak_type
+    return not (is_py_scalar(v) or _eager.is_scalar(v) or jax.typeof(v).weak_type)
 
 
 def _typed(v: Value, name: str, dt: np.dtype[Any], weak: bool, fn: str) -> jax.Array:
     """One value operand as the promoted dtype `dt` (weakly typed when `weak`)."""
-    if not isinstance(v, jax.Array):  # a Python scalar
+    if _eager.is_scalar(v):  # a Python scalar the eager layer converted to dt
+        v = _eager.converted(v, dt)
+        if not weak:
+            return v
+    elif not isinstance(v, jax.Array):  # a Python scalar
         v = scalar_as(v, dt, name, fn)  # strong: made weak below where the pair is
         if not weak:
             return v
@@ -275,10 +280,15 @@ def where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     return _where(condition, x, y) if ops is None else _where_jit(*ops)
 
 
+def _checked(condition: ArrayLike, x: ArrayLike, y: ArrayLike,
+             fn: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """where's and where3's operands checked and typed: the condition, then the values."""
+    return (_condition(condition, "condition", fn),) + _values(x, y, ("x", "y"), fn)
+
+
 def _where(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     fn = "where"
-    condition = _condition(condition, "condition", fn)
-    x, y = _values(x, y, ("x", "y"), fn)
+    condition, x, y = _checked(condition, x, y, fn)
     out = _broadcast_shapes((condition.shape, x.shape, y.shape), ("condition", "x", "y"), fn)
     r = len(out)
     return _bind(condition, x, y, out, [_right_aligned(a.ndim, r) for a in (condition, x, y)],
@@ -321,8 +331,7 @@ def where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
 
 def _where3(condition: ArrayLike, x: ArrayLike, y: ArrayLike) -> jax.Array:
     fn = "where3"
-    condition = _condition(condition, "condition", fn)
-    x, y = _values(x, y, ("x", "y"), fn)
+    condition, x, y = _checked(condition, x, y, fn)
     if x.shape != y.shape:
         raise ValueError(f"{fn}: x and y must have the same shape, got x: {_fmt(x.shape)} and "
                          f"y: {_fmt(y.shape)}")

@@ -507,6 +507,9 @@ def test_overhead_group_alone_writes_its_tables_json_and_report(tmp_path, monkey
     if not jax_ext.native_available():
         pytest.skip("the lowering rows compile forced native too")
     monkeypatch.setattr(overhead, "REPEATS", 2)
+    monkeypatch.setattr(overhead, "LOOP_ROUNDS", 3)
+    monkeypatch.setattr(overhead, "LOOP_VALUES", 20)
+    monkeypatch.setattr(overhead, "PAD_LOOP_VALUES", 2)
     out, report = tmp_path / "b.json", tmp_path / "overhead.md"
     assert bench.main(["--same-process", "--quick", "--only", "overhead", "--sites", "2,3",
                        "--rounds", "3", "--pattern", "fresh", "--json", str(out),
@@ -518,13 +521,20 @@ def test_overhead_group_alone_writes_its_tables_json_and_report(tmp_path, monkey
     assert {r["kind"] for r in rows} == {kinds.OVERHEAD}
     eager = [r for r in rows if r["op"] == "eager"]
     assert [r["name"] for r in eager] == [c["name"] for c in overhead.eager_cases()]
+    loops = [r for r in eager if r["name"].endswith(", fresh Python scalars")]
     for front in ("where(c, x, y)", "where(c, x, 0.0)", "select(", "where3(", "gather f32",
                   "grad of sum(gather)"):
-        assert sum(front in r["name"] for r in eager) == 1, front
+        assert sum(front in r["name"] for r in eager if r not in loops) == 1, front
+    for front in ("where(c, x, s)", "select(c, s, x)", "where3(c, x, s)", "gather pad_value=s"):
+        assert sum(front in r["name"] for r in loops) == 1, front
     for r in eager:
-        assert r["pattern"] == "reused" and r["agrees"] and r["rounds"] == 3, r["name"]
+        assert r["pattern"] == ("fresh scalars" if r in loops else "reused"), r["name"]
+        assert r["agrees"] and r["rounds"] == 3, r["name"]
         assert _finite_positive(r["ours_s"], r["ref_s"], r["ratio"], r["native_ratio"],
                                 r["lax_ratio"]), r
+    for r in loops:  # no compile per value (jnp.take compiles once per fill_value)
+        assert r["compiles"] == 0 and r["values"] == 3 * (2 if "pad" in r["name"] else 20)
+        assert r["ref_compiles"] == (6 if "pad" in r["name"] else 0), r["name"]
     lowering = [r for r in rows if r["op"] == "lowering"]
     assert sorted((r["grad"], r["sites"], r["impl"]) for r in lowering) == sorted(
         (g, n, i) for g in (False, True) for n in (2, 3) for i in ("auto", "lax", "native"))

@@ -217,19 +217,6 @@ def test_a_traced_call_is_inlined(call, prim):
     assert prim in names and not any(n in ("jit", "pjit") for n in names), names
 
 
-def test_a_python_scalar_is_keyed_by_its_bits():
-    """0.0 and -0.0 (and two NaN payloads) are different static operands: neither is
-    served the other's compiled call."""
-    got = [jax_ext.where(C, X, v) for v in (0.0, -0.0, 0.0)]
-    for g, v in zip(got, (0.0, -0.0, 0.0)):
-        assert_bits_equal(g, np.where(np.asarray(C), np.asarray(X), np.float32(v)))
-    nan = np.frombuffer(np.uint64(0x7FF4000000000001).tobytes(), np.float64)[0]
-    q = jax_ext.where(C, X.astype(jnp.float64), float("nan"))
-    s = jax_ext.where(C, X.astype(jnp.float64), float(nan))
-    assert_bits_equal(s, np.where(np.asarray(C), np.asarray(X, np.float64), nan))
-    assert not np.array_equal(np.asarray(q).view(np.uint64), np.asarray(s).view(np.uint64))
-
-
 @pytest.mark.parametrize("impl", IMPLS)
 def test_offsets_in_a_loop_share_one_compiled_call(impl):
     """gather's Python-int offsets and num_indices are traced values: a loop over them

@@ -7,6 +7,14 @@ kernels, each side against its jnp twin in the same process.
   calls (timing.measure: alternating calls, each waited for, medians over rounds), with
   reused arguments only: the time is the dispatch, which fresh arguments would only pad
   with the same transfer on both sides.
+* ``overhead eager ... fresh Python scalars`` rows: an eager loop that gives a front-end a
+  Python scalar it has never seen at every call (a threshold or fill value a loop varies):
+  ``where(c, x, s)``, ``select(c, s, x)``, ``where3(c, x, s)`` (0-d) and ``gather``'s
+  ``pad_value``, against ``jnp.where`` and ``jnp.take``'s ``fill_value``. They time
+  themselves (``measure_scalar_loop``): each round times each side over a block of new
+  values, the sides in balanced orders; the time is per call, and the row counts the XLA
+  compiles each side made while timed (jax.monitoring's events), which a jit cache that
+  grows with the values would show.
 * ``overhead lowering ...`` rows: a program of N call sites (each site one ``gather`` and
   one ``where`` on small arrays, summed) and its gradient, traced and lowered
   (``jax.jit(f).trace(*args).lower()``) and compiled (``.compile()``), each time a new
@@ -98,6 +106,143 @@ def eager_cases() -> list[Case]:
         _eager(f"gather {table}", _gather, _take, _table_index, LOOKUPS * COLS),
         _eager(f"grad of sum(gather) {table}", _grad_of(_gather), _grad_of(_take),
                _table_index, ROWS * COLS),
+    ] + scalar_loop_cases()
+
+
+# --- eager loops over fresh Python scalars ----------------------------------------------
+
+# The values each round gives each side: jnp.take compiles once per fill_value (about 40 ms
+# each), so its loop is shorter; the ratio is per call either way.
+LOOP_VALUES = 120
+PAD_LOOP_VALUES = 12
+LOOP_ROUNDS = 9  # rounds of the scalar loops; medians
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class _Fresh:
+    """Python floats never given before: `take(n)` returns the next n."""
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, n: int) -> list[float]:
+        k, self.next = self.next, self.next + n
+        return [0.5 + (k + j) * 2.0 ** -20 for j in range(n)]
+
+
+def _loop(call: Callable[[float], Array], values: Sequence[float]) -> tuple[float, Array]:
+    """Seconds per call of `call` over `values`, each result waited for; the last one."""
+    out: Array | None = None
+    t0 = time.perf_counter()
+    for v in values:
+        out = call(v)
+        out.block_until_ready()
+    assert out is not None
+    return (time.perf_counter() - t0) / len(values), out
+
+
+def _same_bits(a: Array, b: Array) -> bool:
+    x, y = np.asarray(a), np.asarray(b)
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+@contextlib.contextmanager
+def _compiles() -> Iterator[list[int]]:
+    """The number of XLA compiles in the block (jax.monitoring's compile events)."""
+    count = [0]
+
+    def listen(event: str, duration_secs: float, **_: str | int) -> None:
+        count[0] += event == _COMPILE_EVENT
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def measure_scalar_loop(ours: Callable[..., Array], theirs: Callable[..., Array],
+                        args: Sequence[Array], n: int, rounds: int) -> list[Row]:
+    """One eager row: `ours(*args, v)` (under auto, native and lax) and `theirs(*args, v)`
+    over `n` fresh Python floats a side each round, the sides in balanced orders; times per
+    call (medians, the per-round ratios jnp / jax_ext), whether the two sides agree bit for
+    bit on the same values, and the compiles each side made while timed."""
+    from .timing import _forced, _orders, _ratio
+    sides: dict[str, tuple[Callable[[float], Array], Callable[[], Any]]] = {
+        "ours": (lambda v: ours(*args, v), contextlib.nullcontext),
+        "ref": (lambda v: theirs(*args, v), contextlib.nullcontext),
+        "native": (lambda v: ours(*args, v), _forced("native")),
+        "lax": (lambda v: ours(*args, v), _forced("lax"))}
+    fresh = _Fresh()
+    same = fresh.take(2)
+    agrees = all(_same_bits(ours(*args, v), theirs(*args, v)) for v in same)
+    for call, ctx in sides.values():  # the first call of each side compiles
+        with ctx():
+            call(fresh.take(1)[0]).block_until_ready()
+    names = list(sides)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    compiles = dict.fromkeys(names, 0)
+    orders = _orders(len(names))
+    for r in range(rounds):
+        for s in orders[r % len(orders)]:
+            call, ctx = sides[names[s]]
+            with ctx(), _compiles() as c:
+                times[names[s]].append(_loop(call, fresh.take(n))[0])
+            compiles[names[s]] += c[0]
+    ratio = _ratio(times["ref"], times["ours"])
+    mo = statistics.median(times["ours"])
+    return [dict(pattern="fresh scalars", ours_s=mo, ref_s=statistics.median(times["ref"]),
+                 ratio=ratio["median"], ratio_min=ratio["min"], ratio_max=ratio["max"],
+                 ratio_q1=ratio["q1"], ratio_q3=ratio["q3"],
+                 spread=(max(times["ours"]) - min(times["ours"])) / mo, agrees=agrees,
+                 rounds=rounds, values=n * rounds, picked="-", faults_differ=False,
+                 native_ratio=_ratio(times["ref"], times["native"])["median"],
+                 lax_ratio=_ratio(times["ref"], times["lax"])["median"],
+                 compiles=compiles["ours"] + compiles["native"] + compiles["lax"],
+                 ref_compiles=compiles["ref"])]
+
+
+def _scalar_loop(name: str, ours: Callable[..., Array], theirs: Callable[..., Array],
+                 make_args: Callable[[np.random.Generator], tuple[npt.ArrayLike, ...]],
+                 elements: int, short: bool = False) -> Case:
+    """A row of measure_scalar_loop: LOOP_VALUES fresh values a side each round
+    (PAD_LOOP_VALUES where `short`), LOOP_ROUNDS rounds."""
+    def args() -> tuple[Array, ...]:
+        return tuple(jnp.asarray(a) for a in make_args(np.random.default_rng(0)))
+
+    def make() -> Made:  # for a look at one call
+        v = 0.25
+        return (lambda *a: ours(*a, v)), (lambda *a: theirs(*a, v)), args()
+    return Case(name=f"overhead eager {name}, fresh Python scalars", op="eager",
+                dtype="float32", elements=elements, bytes=0, make=make, chain=False,
+                kind=OVERHEAD, impls=True,
+                measure=lambda: measure_scalar_loop(
+                    ours, theirs, args(), PAD_LOOP_VALUES if short else LOOP_VALUES,
+                    LOOP_ROUNDS))
+
+
+def _c0x0(rng: np.random.Generator) -> tuple[npt.ArrayLike, ...]:
+    return np.bool_(rng.random() < 0.5), np.float32(rng.standard_normal())
+
+
+def scalar_loop_cases() -> list[Case]:
+    f32 = f"f32 {ELEMENTS}"
+    table = f"f32 {ROWS}x{COLS} n={LOOKUPS}"
+    fill = np.concatenate([np.arange(LOOKUPS - 2), [ROWS, ROWS + 5]]).astype(np.int32)
+
+    def table_fill(rng: np.random.Generator) -> tuple[npt.ArrayLike, ...]:
+        return _table_index(rng)[0], fill  # two rows out of range: they hold the pad
+
+    def take_fill(t: Array, i: Array, v: float) -> Array:
+        return jnp.take(t, i, axis=0, mode="fill", fill_value=v)
+    return [
+        _scalar_loop(f"where(c, x, s) {f32}", jax_ext.where, jnp.where,
+                     lambda rng: _cxy(rng)[:2], ELEMENTS),
+        _scalar_loop(f"select(c, s, x) {f32}", lambda c, x, v: jax_ext.select(c, v, x),
+                     lambda c, x, v: jnp.where(c, v, x), lambda rng: _cxy(rng)[:2], ELEMENTS),
+        _scalar_loop("where3(c, x, s) f32 0-d", jax_ext.where3, jnp.where, _c0x0, 1),
+        _scalar_loop(f"gather pad_value=s {table}",
+                     lambda t, i, v: jax_ext.gather(t, [0], 0, i, pad_value=v,
+                                                    align_bytes=None),
+                     take_fill, table_fill, LOOKUPS * COLS, short=True),
     ]
 
 

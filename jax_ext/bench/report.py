@@ -86,6 +86,8 @@ EAGER_COLUMNS: list[Column] = [
     ("native", 6, lambda r: _fmt_x(r.get("native_ratio"))),
     ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
     ("agrees", 6, lambda r: "exact" if r["agrees"] else "NO"),
+    ("compiles", 9, lambda r: "-" if r.get("compiles") is None else
+     f"{r['compiles']}/{r['ref_compiles']}"),
     ("ran", -28, lambda r: _ran(r)),
 ]
 # ... and the N-site program's trace+lower and compile, a row per N and implementation.
@@ -117,7 +119,10 @@ def overhead_tables(rows: Sequence[Row], markdown: bool = False) -> str:
     if eager:
         parts += ["Eager calls (outside jit), time per call; ratio = jnp's time / jax_ext's "
                   "(> 1: jax_ext is faster), median [min-max] over rounds; native, lax: the "
-                  "same under a forced implementation:", "",
+                  "same under a forced implementation; the rows over fresh Python scalars "
+                  "give each call a value never given before, and compiles = the XLA "
+                  "compiles while they were timed, jax_ext's (all three implementations) / "
+                  "jnp's:", "",
                   format_table(eager, EAGER_COLUMNS, markdown)]
     if lowering:
         sites = sorted({r["sites"] for r in lowering})
