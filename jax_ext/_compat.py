@@ -30,6 +30,9 @@ PRIVATE_NAMES: dict[str, str] = {
     "jax._src.core.auto_insert_reshard":
         "makes invariant operands varying before a bind inside shard_map (pvary, whose "
         "transpose sums a replicated operand's gradient); lax.pcast needs explicit axes",
+    "jax._src.core.standard_vma_rule":
+        "types a result inside shard_map with its operands' varying axes and raises jax's "
+        "own error where they differ, as lax's primitives do",
     "jax._src.dispatch.prim_requires_devices_during_lowering":
         "custom_partitioning needs the device assignment while lowering; jax's own cuDNN "
         "kernels register there; no public switch",
@@ -372,18 +375,31 @@ def require_devices_during_lowering(prim: Primitive) -> bool:
     return True
 
 
+# jax_use_shardy_partitioner=False selects XLA's GSPMD partitioner, which cannot run a
+# custom_partitioning call that has only a Shardy rule. jax 0.12 deprecated the option
+# ("Shardy is now always enabled; this flag has no effect"; jax 0.10.2 still reads it), so
+# jax_ext reads it only on the releases before: reading a dead option would test nothing,
+# and once jax removes it, reading it would fail every partitioned call.
+GSPMD_SELECTABLE = JAX_VERSION < (0, 12)
+
+
+def gspmd() -> bool:
+    """Is XLA's GSPMD partitioner selected (jax_use_shardy_partitioner=False, on a jax
+    where that option has an effect)?"""
+    # jax 0.10.2's Config stub lacks this flag, which its config defines.
+    return GSPMD_SELECTABLE and not jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
+
+
 def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
     """{axis name: size} of the mesh a custom call lowered in `ctx` will be partitioned
     over, or None when it must be lowered as is: one device, a body where every mesh
     axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
-    cannot be serialized), the GSPMD partitioner (jax_use_shardy_partitioner=False), or
+    cannot be serialized), the GSPMD partitioner (`gspmd`), or
     a sharding without a named mesh. Any surprise in jax's lowering context is a
     fallback: the call lowers unpartitioned (XLA all-gathers its operands)."""
     try:
         mc = ctx.module_context
-        # jax 0.10.2's Config stub lacks this flag, which its config defines (0.12's has it).
-        shardy = jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
-        if mc.lowering_parameters.for_export or not shardy:
+        if mc.lowering_parameters.for_export or gspmd():
             return None
         ac = mc.axis_context
         if not isinstance(ac, _sharding_impls.ShardingContext):
@@ -431,14 +447,15 @@ def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
     return spec + (None,) * (ndim - len(spec))
 
 
-def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
+def typed_result(prim: str, avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
                  **updates: Any) -> Aval:
     """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
     carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
-    decides, as for any jax op)."""
+    decides, as for any jax op). Inside shard_map the operands' varying axes must match
+    (see varying_update; `prim` names the primitive in jax's error)."""
     sh = next((a.sharding for a in avals_in if not getattr(
         getattr(getattr(a, "sharding", None), "mesh", None), "empty", True)), None)
-    updates.update(varying_update(avals_in, like))
+    updates.update(varying_update(prim, avals_in, like))
     if sh is None:
         return like.update(**updates)
     return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
@@ -446,29 +463,34 @@ def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry]
 
 # --- varying manual axes (shard_map's check_vma typing) ----------------------------------
 # Inside shard_map, jax types each value with the mesh axes it varies over (`aval.mat.varying`
-# at both ends of the window). lax's primitives make invariant operands varying before they
-# bind (`core.auto_insert_reshard`, which inserts `pvary`; its transpose is a psum, so a
-# replicated operand's gradient is summed over devices) and type the result with the union
-# of the operands' axes. jax_ext's primitives do the same through these two; there is no
-# public spelling of "make these operands agree" (`lax.pcast` takes explicit axes).
+# at both ends of the window). lax's primitives bind through `core.auto_insert_reshard`,
+# which makes invariant operands varying (`pvary`; its transpose is a psum, so a replicated
+# operand's gradient is summed over devices), and type the result with
+# `core.standard_vma_rule`, which raises ValueError "requires varying manual axes to match"
+# when the operands still differ. Which operands auto_insert_reshard pvarys is jax's
+# `jax_auto_pcast` option (and its version's reading of it): all of them while it is True
+# (the default); with it False, none on jax 0.10.2, and only integer and bool ones on jax
+# 0.12. jax_ext's primitives call the same two functions, so they accept and reject
+# exactly what jnp.where / jnp.take do under either setting, forward and under every
+# transform. There is no public spelling of either (`lax.pcast` takes explicit axes).
 
-def _varying(aval: Any) -> frozenset[Any]:
-    mat = getattr(aval, "mat", None)
-    return frozenset() if mat is None else frozenset(mat.varying)
-
-
-def varying_update(avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
-    """The `update` keywords that type a result as varying over every axis an operand
-    varies over (empty when nothing varies, so outside shard_map nothing changes)."""
-    axes = frozenset().union(*(_varying(a) for a in avals_in))
-    if axes == _varying(like):
+def varying_update(prim: str, avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
+    """The `update` keywords that type a result as varying over the operands' axes (empty
+    when nothing varies, so outside shard_map nothing changes); jax's ValueError when the
+    operands' axes differ (only reachable when jax_auto_pcast is False)."""
+    from jax._src import core as _src_core
+    rule: Callable[..., frozenset[Any]] = _src_core.standard_vma_rule
+    axes = frozenset(rule(prim, *(a for a in avals_in if getattr(a, "mat", None) is not None)))
+    mat = getattr(like, "mat", None)
+    if mat is None or axes == frozenset(mat.varying):
         return {}
-    return {"manual_axis_type": like.mat.update(varying=axes)}
+    return {"manual_axis_type": mat.update(varying=axes)}
 
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> jax.Array:
     """`prim.bind` with invariant operands made varying where they meet varying ones, as
-    jax's lax primitives bind (a no-op outside shard_map and under check_vma=False)."""
+    jax's lax primitives bind (a no-op outside shard_map and under check_vma=False; what
+    jax_auto_pcast=False leaves alone, the abstract evaluation then rejects)."""
     from jax._src import core as _src_core
     insert: Callable[..., Sequence[Any]] = _src_core.auto_insert_reshard
     out: jax.Array = prim.bind(*insert(*args), **params)  # jax_ext's primitives: one result

@@ -30,7 +30,22 @@ EXPECTED = {
     "partial_manual": [(f"2x2{kind}:", {"where", "gather"}, ("forward", "grad"), i, True)
                        for kind in ("explicit", "explicit+y", "auto", "auto+y")
                        for i in IMPLS],
+    "no_auto_pcast": [("", {"select_numpy", "where", "where3_rows", "gather"},
+                       ("forward", "grad", "linearize", "grad_in_vmap"), i, True)
+                      for i in IMPLS],
 }
+# Cases where jax_auto_pcast=False makes jnp raise "requires varying manual axes to match"
+# (a replicated float operand beside a sharded one, forward; any sharded operand under grad,
+# whose transpose meets an invariant zero), and where it does not (every operand
+# replicated; where's condition replicated beside sharded values on a jax that pvarys bool
+# operands, forward and linearized): jax_ext must raise in the first, equal jnp in the
+# second, on every implementation.
+NO_AUTO_PCAST_RAISES = {"where[S,R,R][forward]", "where[R,S,R][forward]",
+                        "gather[S,R,R,R][forward]", "gather[R,S,R,R][forward]",
+                        "where[S,S,S][grad]", "where3_rows[S,S,S][grad_in_vmap]"}
+NO_AUTO_PCAST_RUNS = {"where[R,R,R][grad]", "where[S,S,S][forward]", "where[S,S,S][linearize]",
+                      "gather[R,R,R,R][grad]", "select_numpy[R,R,R][grad_in_vmap]",
+                      "where3_rows[S,S,S][forward]"}
 # What auto chose, at least: small shards whose producers fuse run lax; big shards read
 # from the arguments run the kernels. The matrix checks both sides of auto's thresholds
 # against the jnp twins.
@@ -89,6 +104,10 @@ def test_matrix_part_matches_the_jnp_twins(part, tmp_path):
         placements.setdefault(op, set()).add(spec.rstrip("]"))
     for op, specs in placements.items():
         assert len(specs) >= 2 and any("S" not in s for s in specs), (op, specs)
+    if part == "no_auto_pcast":
+        raised = {c.rsplit("[", 2)[0] for c in matrix["raised"]}
+        ran = {c.rsplit("[", 2)[0] for c in cases} - raised
+        assert NO_AUTO_PCAST_RAISES <= raised and NO_AUTO_PCAST_RUNS <= ran, (raised, ran)
     if part in AUTO_SIDES:
         sides = {}
         for decisions in matrix["auto"].values():
