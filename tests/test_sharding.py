@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import jax_ext
+from jax_ext import _compat
 from references import IMPLS, MESH_KINDS as KINDS, SHARDING_MATRIX as MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,10 +33,13 @@ NO_COLLECTIVES = [
 OTHER = [
     "gather_src_rows_sharded_communicates[auto]", "gather_src_rows_sharded_communicates[explicit]",
     "grad_select_and_gather_sharded[auto]", "single_device_jit_unchanged",
-    "gspmd_partitioner_falls_back[auto]", "export_needs_export_checks",
+    "export_needs_export_checks",
     "explicit_conflicting_shardings_raise[explicit]",
     "export_serialize[1dev]", "export_serialize[4dev]",
 ]
+# Only where jax can still select the GSPMD partitioner (sharding_checks.py's run_gspmd).
+if _compat.GSPMD_SELECTABLE:
+    OTHER.append("gspmd_partitioner_falls_back[auto]")
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
 
 
