@@ -2,6 +2,7 @@
 fallback jax_ext takes when jax surprises it goes through `fallback` below."""
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -248,15 +249,33 @@ def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, per_site: boo
     work that does not depend on the site (tracing and lowering the lax implementation)
     is cached by jax_ext instead (_lowering.outlined). Should a jax drop the keyword,
     that is a fallback: the rule is cached, and auto decides once per (avals, params)."""
+    kw = _PARTITIONING_KW
     if not per_site:
-        mlir.register_lowering(prim, rule, platform=None)
+        mlir.register_lowering(prim, rule, platform=None, **kw)
         return
     try:
-        mlir.register_lowering(prim, rule, platform=None, cacheable=False)
+        mlir.register_lowering(prim, rule, platform=None, cacheable=False, **kw)
     except TypeError as e:
         fallback(f"jax's register_lowering has no cacheable flag: {prim.name} is lowered "
                  "once per (avals, params), and auto decides once for all such sites", e)
-        mlir.register_lowering(prim, rule, platform=None)
+        mlir.register_lowering(prim, rule, platform=None, **kw)
+
+
+def _lowered_as_is(*avals: Any, **params: Any) -> None:
+    return None
+
+
+# Under jax_partitioning (new in jax 0.12, off by default) jax lowers each op of a program
+# on an Explicit mesh inside a shard_map, and asks the op's primitive for a
+# `shard_map_collective_rule` (a keyword of register_lowering): None lowers the primitive
+# as it is, as jax's call-like primitives (jit, custom_vjp, cond) answer. jax_ext's
+# primitives answer so: their lowering partitions the call itself (custom_partitioning
+# with a Shardy rule, or the lax ops, each with jax's own rule), as it does with the option
+# off. jax 0.10.2 has neither the option nor the keyword.
+_PARTITIONING_KW: dict[str, Any] = (
+    {"shard_map_collective_rule": _lowered_as_is}
+    if "shard_map_collective_rule" in inspect.signature(mlir.register_lowering).parameters
+    else {})
 
 
 # jit's `inline` that inlines a nested jitted function while jax traces, into the
@@ -415,6 +434,18 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         fallback("jax's lowering context did not say how the call is partitioned: it "
                  "lowers unpartitioned (replicated)", e)
         return None
+
+
+def shard_map_partitioning() -> Any | None:
+    """The abstract mesh, when jax lowers the ops of an Explicit mesh through shard_map
+    (jax_partitioning on, jax 0.12+: custom_partitioning has no rule there); else None."""
+    # jax 0.10.2 has no such option; its Config stub has no attributes for options.
+    if not getattr(jax.config, "jax_partitioning", False):
+        return None
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.are_all_axes_manual or not mesh.explicit_axes:
+        return None
+    return mesh
 
 
 # --- sharding in types (explicit mesh axes) ----------------------------------------------

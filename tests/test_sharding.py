@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import jax_ext
@@ -37,6 +38,10 @@ OTHER = [
     "explicit_conflicting_shardings_raise[explicit]",
     "export_serialize[1dev]", "export_serialize[4dev]",
 ]
+# Only where jax has the option (jax 0.12+; sharding_checks.py's run_partitioning).
+if "jax_partitioning" in jax.config.values:
+    OTHER += [f"jax_partitioning_{c}[{i}]" for c in (
+        "where_blocks", "where_rows", "gather_index_sharded", "grad_gather") for i in IMPLS]
 # Only where jax can still select the GSPMD partitioner (sharding_checks.py's run_gspmd).
 if _compat.GSPMD_SELECTABLE:
     OTHER.append("gspmd_partitioner_falls_back[auto]")
