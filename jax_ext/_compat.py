@@ -2,6 +2,7 @@
 fallback jax_ext takes when jax surprises it goes through `fallback` below."""
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -15,8 +16,12 @@ import jax
 import numpy as np
 
 # Every private or unstable jax name jax_ext uses (jax._src, jax.interpreters, jax.core,
-# jax.experimental), with why no public name serves at both ends of the supported window.
-# tests/test_private_names.py reads jax_ext's sources and fails on one missing here.
+# jax.experimental), with what it is for and why no public name serves at both ends of the
+# supported window. Each was resolved and used on every jax release in
+# PRIVATE_NAMES_CHECKED_ON; tests/test_private_names.py reads jax_ext's sources and fails
+# on one missing here, and resolves each on the jax under test (CI: both ends), naming the
+# one that is gone.
+PRIVATE_NAMES_CHECKED_ON = ("0.10.2", "0.12.1")
 PRIVATE_NAMES: dict[str, str] = {
     "jax._src.config.enum_state":
         "the implementation() setting must join jit's cache key and trace context; jax has "
@@ -30,15 +35,15 @@ PRIVATE_NAMES: dict[str, str] = {
     "jax._src.core.auto_insert_reshard":
         "makes invariant operands varying before a bind inside shard_map (pvary, whose "
         "transpose sums a replicated operand's gradient); lax.pcast needs explicit axes",
+    "jax._src.core.standard_vma_rule":
+        "types a result inside shard_map with its operands' varying axes and raises jax's "
+        "own error where they differ, as lax's primitives do",
     "jax._src.dispatch.prim_requires_devices_during_lowering":
         "custom_partitioning needs the device assignment while lowering; jax's own cuDNN "
         "kernels register there; no public switch",
     "jax._src.lax.lax._convert_element_type":
         "a conversion that keeps weak typing (jnp's promotion); lax.convert_element_type "
         "always gives a strong type",
-    "jax._src.sharding_impls.ShardingContext":
-        "tells a jit lowering that will be partitioned from a shard_map body or pmap; the "
-        "lowering context has no public spelling of it",
     "jax.core.ShapedArray":
         "the abstract value of one shard's computation (an aval, which ShapeDtypeStruct "
         "is not)",
@@ -62,6 +67,9 @@ PRIVATE_NAMES: dict[str, str] = {
         "compatibility shim)",
     "jax.interpreters.mlir.LoweringRule":
         "the type of a lowering rule (annotations)",
+    "jax.interpreters.mlir.ShardingContext":
+        "tells a jit lowering that will be partitioned from a shard_map body or pmap (the "
+        "lowering context's axis context)",
     "jax.interpreters.mlir.LoweringRuleContext":
         "the context a lowering rule receives (avals, module, platforms)",
     "jax.interpreters.mlir.ir":
@@ -241,15 +249,33 @@ def register_lowering(prim: Primitive, rule: mlir.LoweringRule, *, per_site: boo
     work that does not depend on the site (tracing and lowering the lax implementation)
     is cached by jax_ext instead (_lowering.outlined). Should a jax drop the keyword,
     that is a fallback: the rule is cached, and auto decides once per (avals, params)."""
+    kw = _PARTITIONING_KW
     if not per_site:
-        mlir.register_lowering(prim, rule, platform=None)
+        mlir.register_lowering(prim, rule, platform=None, **kw)
         return
     try:
-        mlir.register_lowering(prim, rule, platform=None, cacheable=False)
+        mlir.register_lowering(prim, rule, platform=None, cacheable=False, **kw)
     except TypeError as e:
         fallback(f"jax's register_lowering has no cacheable flag: {prim.name} is lowered "
                  "once per (avals, params), and auto decides once for all such sites", e)
-        mlir.register_lowering(prim, rule, platform=None)
+        mlir.register_lowering(prim, rule, platform=None, **kw)
+
+
+def _lowered_as_is(*avals: Any, **params: Any) -> None:
+    return None
+
+
+# Under jax_partitioning (new in jax 0.12, off by default) jax lowers each op of a program
+# on an Explicit mesh inside a shard_map, and asks the op's primitive for a
+# `shard_map_collective_rule` (a keyword of register_lowering): None lowers the primitive
+# as it is, as jax's call-like primitives (jit, custom_vjp, cond) answer. jax_ext's
+# primitives answer so: their lowering partitions the call itself (custom_partitioning
+# with a Shardy rule, or the lax ops, each with jax's own rule), as it does with the option
+# off. jax 0.10.2 has neither the option nor the keyword.
+_PARTITIONING_KW: dict[str, Any] = (
+    {"shard_map_collective_rule": _lowered_as_is}
+    if "shard_map_collective_rule" in inspect.signature(mlir.register_lowering).parameters
+    else {})
 
 
 # jit's `inline` that inlines a nested jitted function while jax traces, into the
@@ -360,7 +386,6 @@ def is_donated_block_argument(value: ir.Value[Any]) -> bool:
 # (wrap a function, then def_partition).
 from jax.experimental.custom_partitioning import custom_partitioning as _cp  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
-from jax._src import sharding_impls as _sharding_impls  # noqa: E402
 
 custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
 
@@ -372,21 +397,34 @@ def require_devices_during_lowering(prim: Primitive) -> bool:
     return True
 
 
+# jax_use_shardy_partitioner=False selects XLA's GSPMD partitioner, which cannot run a
+# custom_partitioning call that has only a Shardy rule. jax 0.12 deprecated the option
+# ("Shardy is now always enabled; this flag has no effect"; jax 0.10.2 still reads it), so
+# jax_ext reads it only on the releases before: reading a dead option would test nothing,
+# and once jax removes it, reading it would fail every partitioned call.
+GSPMD_SELECTABLE = JAX_VERSION < (0, 12)
+
+
+def gspmd() -> bool:
+    """Is XLA's GSPMD partitioner selected (jax_use_shardy_partitioner=False, on a jax
+    where that option has an effect)?"""
+    # jax 0.10.2's Config stub lacks this flag, which its config defines.
+    return GSPMD_SELECTABLE and not jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
+
+
 def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
     """{axis name: size} of the mesh a custom call lowered in `ctx` will be partitioned
     over, or None when it must be lowered as is: one device, a body where every mesh
     axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
-    cannot be serialized), the GSPMD partitioner (jax_use_shardy_partitioner=False), or
+    cannot be serialized), the GSPMD partitioner (`gspmd`), or
     a sharding without a named mesh. Any surprise in jax's lowering context is a
     fallback: the call lowers unpartitioned (XLA all-gathers its operands)."""
     try:
         mc = ctx.module_context
-        # jax 0.10.2's Config stub lacks this flag, which its config defines (0.12's has it).
-        shardy = jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
-        if mc.lowering_parameters.for_export or not shardy:
+        if mc.lowering_parameters.for_export or gspmd():
             return None
         ac = mc.axis_context
-        if not isinstance(ac, _sharding_impls.ShardingContext):
+        if not isinstance(ac, mlir.ShardingContext):
             return None  # shard_map bodies (SPMDAxisContext), pmap (replica context)
         devices, am = ac.device_assignment, ac.abstract_mesh
         if devices is None or len(devices) <= 1 or am is None or am.empty:
@@ -396,6 +434,18 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         fallback("jax's lowering context did not say how the call is partitioned: it "
                  "lowers unpartitioned (replicated)", e)
         return None
+
+
+def shard_map_partitioning() -> Any | None:
+    """The abstract mesh, when jax lowers the ops of an Explicit mesh through shard_map
+    (jax_partitioning on, jax 0.12+: custom_partitioning has no rule there); else None."""
+    # jax 0.10.2 has no such option; its Config stub has no attributes for options.
+    if not getattr(jax.config, "jax_partitioning", False):
+        return None
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.are_all_axes_manual or not mesh.explicit_axes:
+        return None
+    return mesh
 
 
 # --- sharding in types (explicit mesh axes) ----------------------------------------------
@@ -431,14 +481,15 @@ def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
     return spec + (None,) * (ndim - len(spec))
 
 
-def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
+def typed_result(prim: str, avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
                  **updates: Any) -> Aval:
     """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
     carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
-    decides, as for any jax op)."""
+    decides, as for any jax op). Inside shard_map the operands' varying axes must match
+    (see varying_update; `prim` names the primitive in jax's error)."""
     sh = next((a.sharding for a in avals_in if not getattr(
         getattr(getattr(a, "sharding", None), "mesh", None), "empty", True)), None)
-    updates.update(varying_update(avals_in, like))
+    updates.update(varying_update(prim, avals_in, like))
     if sh is None:
         return like.update(**updates)
     return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
@@ -446,29 +497,34 @@ def typed_result(avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry]
 
 # --- varying manual axes (shard_map's check_vma typing) ----------------------------------
 # Inside shard_map, jax types each value with the mesh axes it varies over (`aval.mat.varying`
-# at both ends of the window). lax's primitives make invariant operands varying before they
-# bind (`core.auto_insert_reshard`, which inserts `pvary`; its transpose is a psum, so a
-# replicated operand's gradient is summed over devices) and type the result with the union
-# of the operands' axes. jax_ext's primitives do the same through these two; there is no
-# public spelling of "make these operands agree" (`lax.pcast` takes explicit axes).
+# at both ends of the window). lax's primitives bind through `core.auto_insert_reshard`,
+# which makes invariant operands varying (`pvary`; its transpose is a psum, so a replicated
+# operand's gradient is summed over devices), and type the result with
+# `core.standard_vma_rule`, which raises ValueError "requires varying manual axes to match"
+# when the operands still differ. Which operands auto_insert_reshard pvarys is jax's
+# `jax_auto_pcast` option (and its version's reading of it): all of them while it is True
+# (the default); with it False, none on jax 0.10.2, and only integer and bool ones on jax
+# 0.12. jax_ext's primitives call the same two functions, so they accept and reject
+# exactly what jnp.where / jnp.take do under either setting, forward and under every
+# transform. There is no public spelling of either (`lax.pcast` takes explicit axes).
 
-def _varying(aval: Any) -> frozenset[Any]:
-    mat = getattr(aval, "mat", None)
-    return frozenset() if mat is None else frozenset(mat.varying)
-
-
-def varying_update(avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
-    """The `update` keywords that type a result as varying over every axis an operand
-    varies over (empty when nothing varies, so outside shard_map nothing changes)."""
-    axes = frozenset().union(*(_varying(a) for a in avals_in))
-    if axes == _varying(like):
+def varying_update(prim: str, avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
+    """The `update` keywords that type a result as varying over the operands' axes (empty
+    when nothing varies, so outside shard_map nothing changes); jax's ValueError when the
+    operands' axes differ (only reachable when jax_auto_pcast is False)."""
+    from jax._src import core as _src_core
+    rule: Callable[..., frozenset[Any]] = _src_core.standard_vma_rule
+    axes = frozenset(rule(prim, *(a for a in avals_in if getattr(a, "mat", None) is not None)))
+    mat = getattr(like, "mat", None)
+    if mat is None or axes == frozenset(mat.varying):
         return {}
-    return {"manual_axis_type": like.mat.update(varying=axes)}
+    return {"manual_axis_type": mat.update(varying=axes)}
 
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> jax.Array:
     """`prim.bind` with invariant operands made varying where they meet varying ones, as
-    jax's lax primitives bind (a no-op outside shard_map and under check_vma=False)."""
+    jax's lax primitives bind (a no-op outside shard_map and under check_vma=False; what
+    jax_auto_pcast=False leaves alone, the abstract evaluation then rejects)."""
     from jax._src import core as _src_core
     insert: Callable[..., Sequence[Any]] = _src_core.auto_insert_reshard
     out: jax.Array = prim.bind(*insert(*args), **params)  # jax_ext's primitives: one result

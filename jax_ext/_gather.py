@@ -287,7 +287,7 @@ def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad:
     spec = _lowering.merge_specs(prim, _rows.batch_spec_candidates(avals, bshape) + [
         [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
         [ss[-1]] if sshape[-1] == row_len else []])
-    return _compat.typed_result(avals, src, spec, shape=shape, dtype=src.dtype,
+    return _compat.typed_result(prim, avals, src, spec, shape=shape, dtype=src.dtype,
                                 weak_type=bool(src.weak_type))
 
 

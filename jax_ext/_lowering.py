@@ -155,6 +155,45 @@ def _partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     return rule(ctx, *args)
 
 
+def _shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+                  params: dict[str, Any], mesh: Any) -> IrValues:
+    """Lowers `raw` partitioned by `spmd` as a shard_map over the mesh's Explicit axes:
+    what jax does with its own ops under jax_partitioning (_compat.shard_map_partitioning),
+    where custom_partitioning has no rule. Operands whose sharding differs from the one
+    spmd.partition asks for are resharded first, as XLA would for custom_partitioning."""
+    from jax.sharding import NamedSharding
+    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
+    want = _compat.spec_entries(aval_out)
+    mesh_shape = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, **params)
+    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
+
+    def fn(*xs: jax.Array) -> jax.Array:
+        xs = tuple(x if _compat.spec_entries(jax.typeof(x)) == tuple(s)
+                   else _compat.reshard(x, NamedSharding(mesh, PartitionSpec(*s)))
+                   for x, s in zip(xs, in_specs))
+        out: jax.Array = jax.shard_map(
+            lambda *shards: local(bind, *shards), mesh=mesh,
+            in_specs=tuple(PartitionSpec(*s) for s in in_specs),
+            out_specs=PartitionSpec(*out_spec), axis_names=set(mesh.explicit_axes),
+            check_vma=False)(*xs)
+        if tuple(out_spec) != tuple(want):
+            out = _compat.reshard(out, NamedSharding(mesh, PartitionSpec(*want)))
+        return out
+    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
+    return rule(ctx, *args)
+
+
+def _partition(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+               params: dict[str, Any]) -> IrValues:
+    """`raw` partitioned by `spmd`: through shard_map where jax lowers an Explicit mesh's
+    ops so, else through custom_partitioning."""
+    mesh = _compat.shard_map_partitioning()
+    if mesh is not None:
+        return _shard_mapped(ctx, raw, spmd, args, params, mesh)
+    return _partitioned(ctx, raw, spmd, args, params)
+
+
 class _ShardBody:
     """A shard's computation as an equation parameter: hashed and compared by identity."""
 
@@ -223,7 +262,7 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
         raw = _shard_primitive(prim, names.shard_primitives[0], lax_rule, native_rule,
                                inspects_operands)
     raw_lax: _compat.Primitive | None = None
-    if raw is not None and partition_lax:
+    if raw is not None:  # used where partition_lax, or under jax_partitioning
         raw_lax = _shard_primitive(prim, names.shard_primitives[1], lax_rule,
                                    lambda *a, **p: None, False)
 
@@ -253,7 +292,7 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
         out: IrValues | None = None
         if use:
             if raw is not None and spmd is not None and _compat.spmd_mesh_shape(ctx) is not None:
-                out = _partitioned(ctx, raw, spmd, args, params | extra(ctx, args))
+                out = _partition(ctx, raw, spmd, args, params | extra(ctx, args))
             else:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
@@ -262,7 +301,13 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                        choice.est_native_s, choice.est_lax_s, choice.site)
         if (out is None and raw_lax is not None and spmd is not None
                 and _compat.spmd_mesh_shape(ctx) is not None):
-            out = _partitioned(ctx, raw_lax, spmd, args, params)
+            # Under jax_partitioning every path partitions so: jax's gather and scatter
+            # cannot infer every result sharding, and auto_axes is not allowed there.
+            mesh = _compat.shard_map_partitioning()
+            if mesh is not None:
+                out = _shard_mapped(ctx, raw_lax, spmd, args, params, mesh)
+            elif partition_lax:
+                out = _partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)

@@ -42,8 +42,9 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
         c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
         []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
         [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
-    return _compat.typed_result(avals, ct, spec, shape=tuple(out_bshape) + tuple(src_shape),
-                                dtype=ct.dtype, weak_type=bool(ct.weak_type))
+    return _compat.typed_result(_names.SCATTER_ADD.primitive, avals, ct, spec,
+                                shape=tuple(out_bshape) + tuple(src_shape), dtype=ct.dtype,
+                                weak_type=bool(ct.weak_type))
 
 
 def _acc_dtype(dt: DTypeLike) -> np.dtype[Any]:

@@ -372,7 +372,7 @@ def _abstract_eval(cond: Aval, x: Aval, y: Aval, *, out_shape: Sequence[int],
     spec = _lowering.merge_specs(prim, [
         [_compat.spec_entries(a)[j] for a, d in zip(avals, dims) for j, o2 in enumerate(d)
          if o2 == o and a.shape[j] == n] for o, n in enumerate(out_shape)])
-    return _compat.typed_result(avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
+    return _compat.typed_result(prim, avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
                                 weak_type=bool(x.weak_type and y.weak_type))
 
 

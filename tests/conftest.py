@@ -23,6 +23,12 @@ os.environ["JAX_EXT_SCATTER_STREAM_BYTES"] = str(16 << 20)
 # 64-bit dtypes (float64, int64, uint64, complex128) are part of the contract.
 jax.config.update("jax_enable_x64", True)
 
+# JAX_EXT_FUTURE_DEFAULTS=1: jax's announced future defaults, all on (tests/future_defaults.py;
+# the child processes the tests start read the same variable).
+import future_defaults  # noqa: E402
+
+future_defaults.apply()
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # "ci": bounded time on a 2-core machine; "long": local soak (HYPOTHESIS_PROFILE=long).

@@ -547,3 +547,82 @@ def test_auto_keeps_xla_in_place_for_a_donated_then(table):
     assert d.impl == "lax" and "x: argument (donated)" in d.reason, d
     (d,) = jax_ext.explain(jax.jit(jax_ext.select), c, x, y)
     assert d.impl == "native" and "donated" not in d.reason, d
+
+
+# --- jax's announced remat and custom_vjp implementations -------------------------------
+# Under jax_remat3 / jax_custom_vjp3, checkpoint and custom_vjp bind `eval_jaxpr` (lowered
+# as a function of its own) in place of remat2 and the custom_vjp calls, and remat3 pins
+# the cotangents entering a rematerialized computation with optimization_barrier. auto's
+# analysis looks through both, so its choices, estimates and consumers are the same
+# either way.
+REMAT_OPTIONS = [o for o in ("jax_remat3", "jax_custom_vjp3") if o in jax.config.values]
+
+
+def _remat_programs():
+    rng = np.random.default_rng(5)
+    tab = rng.standard_normal((5000, 64)).astype(np.float32)
+    idx = rng.integers(0, 5000, 4096).astype(np.int32)
+    c, m = rng.random((5000, 64)) < 0.5, rng.random((4096, 64)) < 0.5
+
+    def g(t, i):
+        return jax_ext.gather(t, [0], 0, i, align_bytes=None)
+
+    def select_in_checkpoint(t, i):  # its cotangent comes from the gather's scatter-add
+        u = jax.checkpoint(lambda t: jax_ext.where(c, jnp.sin(t), 0.0))(t)
+        return jnp.sum(jnp.tanh(g(u, i)))
+
+    def gather_in_checkpoint(t, i):  # its cotangent comes from a select
+        u = jax.checkpoint(lambda t: jnp.cos(g(t, i)))(t)
+        return jnp.sum(jax_ext.where(m, u, 1.0) ** 2)
+
+    def select_into_checkpoint(t, i):
+        return jnp.sum(jax.checkpoint(lambda u: jnp.tanh(g(u, i)))(jax_ext.where(c, t, 0.0)))
+
+    def custom_vjp_selects(t, i):
+        @jax.custom_vjp
+        def h(t):
+            return jnp.sin(t)
+        h.defvjp(lambda t: (jnp.sin(t), t), lambda r, ct: (jax_ext.where(m, ct, r),))
+        return jnp.sum(h(g(t, i)))
+
+    def custom_vjp_gathers(t, i):
+        @jax.custom_vjp
+        def h(t, i):
+            return g(t, i)
+        h.defvjp(lambda t, i: (g(t, i), i),
+                 lambda i, ct: (jnp.zeros(tab.shape, jnp.float32).at[i].add(ct), None))
+        return jnp.sum(jnp.tanh(h(jax_ext.where(c, t, 1.0), i)))
+
+    fns = (select_in_checkpoint, gather_in_checkpoint, select_into_checkpoint,
+           custom_vjp_selects, custom_vjp_gathers)
+    return [(f"{f.__name__}{kind}", fn, (tab, idx)) for f in fns
+            for kind, fn in (("", f), (":grad", jax.grad(f)))]
+
+
+def _with_option(name, value, fn):
+    old = jax.config.values[name]
+    jax.config.update(name, value)
+    try:
+        return fn()
+    finally:
+        jax.config.update(name, old)
+
+
+@pytest.mark.parametrize("option", REMAT_OPTIONS)
+def test_choices_do_not_depend_on_the_remat_and_custom_vjp_implementation(table, option):
+    changed = 0
+    for name, fn, args in _remat_programs():
+        def run():
+            with jax_ext.implementation("auto"):
+                # What each site chose, its estimates and its consumer; where a producer is
+                # in memory, the reason may name the optimization_barrier remat3 pins it
+                # with instead of what wrote it.
+                return ([(d.op, d.impl, d.reason.split("; ")[0], d.reason.split(", ")[-1])
+                         for d in jax_ext.explain(fn, *args)],
+                        str(jax.make_jaxpr(fn)(*args)), jax.jit(fn)(*args))
+        off, on = _with_option(option, False, run), _with_option(option, True, run)
+        assert on[0] == off[0], (name, "\n".join(map(str, off[0])), "\n".join(map(str, on[0])))
+        assert_bits_equal(on[2], off[2])
+        changed += on[1] != off[1]
+    # The option changed the programs jax traces (else this test tests nothing).
+    assert changed, f"{option} changed no program"

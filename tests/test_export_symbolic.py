@@ -100,6 +100,9 @@ _CHILD = textwrap.dedent("""
     import pickle, sys
     import jax
     jax.config.update("jax_enable_x64", True)
+    sys.path.insert(0, sys.argv[3])  # the tests folder
+    import future_defaults
+    future_defaults.apply()  # where JAX_EXT_FUTURE_DEFAULTS=1 asks for jax's future defaults
     import jax_ext  # registers the targets the exports name
     import numpy as np
     with open(sys.argv[1], "rb") as f:
@@ -123,7 +126,8 @@ def _run_child(tmp_path, jobs):
     env = dict(os.environ, PYTHONPATH=pkg_parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # -P and a working directory of its own: `python -c` would otherwise put the directory
     # pytest started in first on sys.path, and a clone's root holds the unbuilt source tree.
-    r = subprocess.run([sys.executable, "-P", "-c", _CHILD, str(src), str(dst)], env=env,
+    r = subprocess.run([sys.executable, "-P", "-c", _CHILD, str(src), str(dst),
+                        os.path.dirname(os.path.abspath(__file__))], env=env,
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(dst, "rb") as f:

@@ -6,6 +6,7 @@ import ast
 import os
 import sys
 
+import jax
 import pytest
 
 from jax_ext import _compat
@@ -112,14 +113,43 @@ def test_every_private_jax_name_is_listed_with_its_reason():
     assert all(len(why) > 20 for why in _compat.PRIVATE_NAMES.values())
 
 
-def test_every_listed_name_exists_in_this_jax():
-    """Each listed name resolves in the jax under test (both ends of the window run it)."""
+def _gone(names):
+    """What is wrong with each of `names` ({name: why jax_ext uses it}) that this jax
+    lacks, one line each, naming it."""
     import importlib
     missing = []
-    for name in _compat.PRIVATE_NAMES:
+    for name, why in names.items():
         mod, _, attr = name.rpartition(".")
         try:
             getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            missing.append(f"{name}: {e}")
+            missing.append(f"{name} is gone from jax {jax.__version__} ({e}); jax_ext uses "
+                           f"it for: {why}")
+    return missing
+
+
+def test_every_listed_name_exists_in_this_jax():
+    """Each listed name resolves in the jax under test (both ends of the window run it);
+    a failure names each one that is gone, with what jax_ext uses it for."""
+    missing = _gone(_compat.PRIVATE_NAMES)
     assert not missing, "\n".join(missing)
+
+
+def test_the_names_were_checked_on_this_jax_release():
+    """PRIVATE_NAMES_CHECKED_ON lists the releases the names were resolved and used on:
+    both ends of the window, the newest being the one the version warning allows."""
+    checked = [_compat._version_tuple(v) for v in _compat.PRIVATE_NAMES_CHECKED_ON]
+    assert checked[0][:3] == _compat.MIN_JAX, checked
+    assert checked[-1][:2] == _compat.NEWEST_TESTED, checked
+    assert _compat.JAX_VERSION[:2] in {c[:2] for c in checked} or (
+        checked[0] < _compat.JAX_VERSION < checked[-1]), (
+        f"jax {jax.__version__}: the private names were checked on "
+        f"{_compat.PRIVATE_NAMES_CHECKED_ON} only; once this test file passes here, add it")
+
+
+def test_a_missing_name_is_named():
+    """The resolution check names a name jax does not have, and a module it lacks."""
+    gone = _gone({"jax._src.core.no_such_name": "a test", "jax._src.no_such_module.x": "b",
+                  "jax._src.core.Tracer": "exists"})
+    assert len(gone) == 2 and gone[0].startswith("jax._src.core.no_such_name is gone")
+    assert gone[1].startswith("jax._src.no_such_module.x is gone"), gone

@@ -148,13 +148,50 @@ def test_released_targets_are_in_export_checks():
         assert t in text, t
 
 
+# What jax raises for an export older than its compatibility window (jax 0.12: six months;
+# jax_export_deserialize_expired_versions lets it try anyway). Only that, from jax, means
+# "this jax no longer reads that format"; any other failure is a break of jax_ext.
+EXPIRED = re.compile(r"^Exported being deserialized seems to be older than the \S+ "
+                     r"backward-compatibility window")
+EXPIRED_OPTION = "jax_export_deserialize_expired_versions"
+
+
+def _expired(e):
+    """jax's message when `e` says the export is past jax's compatibility window, else
+    None."""
+    return str(e) if isinstance(e, ValueError) and EXPIRED.match(str(e)) else None
+
+
+def _deserialize(name):
+    """The export in tests/data/`name`; skipped (with jax's reason) where this jax no
+    longer reads its format even with EXPIRED_OPTION, the escape hatch jax offers."""
+    blob = bytearray((DATA / name).read_bytes())
+    try:
+        return jax.export.deserialize(blob)
+    except ValueError as e:
+        if _expired(e) is None or EXPIRED_OPTION not in jax.config.values:
+            raise
+        first = _expired(e)
+    old = jax.config.values[EXPIRED_OPTION]
+    jax.config.update(EXPIRED_OPTION, True)
+    try:
+        return jax.export.deserialize(blob)
+    except ValueError as e:
+        if _expired(e) is None:
+            raise
+        pytest.skip(f"jax {jax.__version__} no longer reads this export's format, even with "
+                    f"{EXPIRED_OPTION}: {first}")
+    finally:
+        jax.config.update(EXPIRED_OPTION, old)
+
+
 @pytest.mark.skipif(not jax_ext.native_available(), reason="needs the native module")
 @pytest.mark.parametrize("name", ARTIFACTS)
 def test_a_released_export_runs_bit_for_bit(name):
     op, ver, writer = _parse(name)
     if not _readable(writer):
         pytest.skip(f"written by jax {writer}, newer than this jax {jax.__version__}")
-    exp = jax.export.deserialize(bytearray((DATA / name).read_bytes()))
+    exp = _deserialize(name)
     text = exp.mlir_module()
     assert f"@jax_ext_{op}_{ver}" in text, name  # the released target it is here for
     assert not re.search(rf"@jax_ext_\w+_{'v2' if ver == 'v1' else 'v1'}\b", text), name
@@ -166,3 +203,51 @@ def test_a_released_export_runs_bit_for_bit(name):
         assert len(got) == len(ref), name
         for g, w in zip(got, ref):
             assert_bits_equal(np.asarray(g), w)
+
+
+def test_only_jaxs_expiry_is_told_apart_from_a_break():
+    """The skip above takes jax's own expiry message (built by jax's own function where it
+    has one), and nothing else: a damaged artifact fails."""
+    try:
+        from jax._src.export.serialization import _expired_error_msg
+    except ImportError:  # jax 0.10.2: no compatibility window to expire
+        msg = None
+    else:
+        class Old:  # what the message reads of a serialized export
+            def SerializationVersion(self):
+                return 2
+
+            def JaxVersion(self):
+                return b"0.4.30"
+        msg = _expired_error_msg(Old())
+        assert _expired(ValueError(msg)) == msg
+    blob = bytearray((DATA / ARTIFACTS[0]).read_bytes())
+    with pytest.raises(Exception) as info:
+        jax.export.deserialize(blob[: len(blob) // 2])
+    assert _expired(info.value) is None, info.value
+    assert _expired(ValueError("unsupported custom call jax_ext_select_v1")) is None
+    assert _expired(RuntimeError(msg or "older than the window")) is None
+
+
+@pytest.mark.skipif(EXPIRED_OPTION not in jax.config.values,
+                    reason="this jax has no compatibility window (jax 0.10.2)")
+def test_an_expired_export_is_read_with_jaxs_option_else_skipped(monkeypatch):
+    msg = ("Exported being deserialized seems to be older than the 6-month "
+           "backward-compatibility window and cannot be deserialized anymore.")
+    calls = []
+
+    def deserialize(blob, expired_too):
+        calls.append(jax.config.values[EXPIRED_OPTION])
+        if not (expired_too and jax.config.values[EXPIRED_OPTION]):
+            raise ValueError(msg)
+        return "read"
+    monkeypatch.setattr(jax.export, "deserialize", lambda b: deserialize(b, True))
+    assert _deserialize(ARTIFACTS[0]) == "read" and calls == [False, True]
+    assert jax.config.values[EXPIRED_OPTION] is False  # restored
+    monkeypatch.setattr(jax.export, "deserialize", lambda b: deserialize(b, False))
+    with pytest.raises(pytest.skip.Exception, match="no longer reads this export's format"):
+        _deserialize(ARTIFACTS[0])
+    monkeypatch.setattr(jax.export, "deserialize",
+                        lambda b: (_ for _ in ()).throw(ValueError("a real break")))
+    with pytest.raises(ValueError, match="a real break"):
+        _deserialize(ARTIFACTS[0])

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import future_defaults
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -30,7 +32,22 @@ EXPECTED = {
     "partial_manual": [(f"2x2{kind}:", {"where", "gather"}, ("forward", "grad"), i, True)
                        for kind in ("explicit", "explicit+y", "auto", "auto+y")
                        for i in IMPLS],
+    "no_auto_pcast": [("", {"select_numpy", "where", "where3_rows", "gather"},
+                       ("forward", "grad", "linearize", "grad_in_vmap"), i, True)
+                      for i in IMPLS],
 }
+# Cases where jax_auto_pcast=False makes jnp raise "requires varying manual axes to match"
+# (a replicated float operand beside a sharded one, forward; any sharded operand under grad,
+# whose transpose meets an invariant zero), and where it does not (every operand
+# replicated; where's condition replicated beside sharded values on a jax that pvarys bool
+# operands, forward and linearized): jax_ext must raise in the first, equal jnp in the
+# second, on every implementation.
+NO_AUTO_PCAST_RAISES = {"where[S,R,R][forward]", "where[R,S,R][forward]",
+                        "gather[S,R,R,R][forward]", "gather[R,S,R,R][forward]",
+                        "where[S,S,S][grad]", "where3_rows[S,S,S][grad_in_vmap]"}
+NO_AUTO_PCAST_RUNS = {"where[R,R,R][grad]", "where[S,S,S][forward]", "where[S,S,S][linearize]",
+                      "gather[R,R,R,R][grad]", "select_numpy[R,R,R][grad_in_vmap]",
+                      "where3_rows[S,S,S][forward]"}
 # What auto chose, at least: small shards whose producers fuse run lax; big shards read
 # from the arguments run the kernels. The matrix checks both sides of auto's thresholds
 # against the jnp twins.
@@ -89,7 +106,14 @@ def test_matrix_part_matches_the_jnp_twins(part, tmp_path):
         placements.setdefault(op, set()).add(spec.rstrip("]"))
     for op, specs in placements.items():
         assert len(specs) >= 2 and any("S" not in s for s in specs), (op, specs)
-    if part in AUTO_SIDES:
+    if part == "no_auto_pcast":
+        raised = {c.rsplit("[", 2)[0] for c in matrix["raised"]}
+        ran = {c.rsplit("[", 2)[0] for c in cases} - raised
+        assert NO_AUTO_PCAST_RAISES <= raised and NO_AUTO_PCAST_RUNS <= ran, (raised, ran)
+    # With jax_auto_pcast=False (tests/future_defaults.py) the programs that reach auto's
+    # big-shard side raise, as their jnp twins do (checked above), so what auto would
+    # choose there is checked by the default run only.
+    if part in AUTO_SIDES and matrix["auto_pcast"]:
         sides = {}
         for decisions in matrix["auto"].values():
             for op, impl in decisions:
@@ -134,10 +158,18 @@ def test_on_one_device_forward_bits_and_gradients_match_the_jnp_twin(impl):
     def take(t, i):
         ok = (i >= 0) & (i < t.shape[0])
         return jnp.where(ok[:, None], jnp.take(t, jnp.clip(i, 0, t.shape[0] - 1), axis=0), 0.0)
-    want = _one_device_programs(jnp.where, take)(table, c, x, idx)
     ours = _one_device_programs(
         jax_ext.where, lambda t, i: jax_ext.gather(t, [0], 0, i, pad_value=0.0,
                                                    align_bytes=None))
+    if not future_defaults.auto_pcast():
+        # jax_auto_pcast=False: the replicated table beside the sharded index is an error
+        # to jnp, and so to jax_ext, on every path.
+        for fn, impl_ in ((_one_device_programs(jnp.where, take), "lax"), (ours, impl)):
+            with jax_ext.implementation(impl_), pytest.raises(
+                    ValueError, match="requires varying manual axes to match"):
+                fn(table, c, x, idx)
+        return
+    want = _one_device_programs(jnp.where, take)(table, c, x, idx)
     with jax_ext.implementation(impl):
         got = ours(table, c, x, idx)
     assert np.asarray(got[0]).tobytes() == np.asarray(want[0]).tobytes()

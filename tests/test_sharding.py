@@ -15,9 +15,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import jax_ext
+from jax_ext import _compat
 from references import IMPLS, MESH_KINDS as KINDS, SHARDING_MATRIX as MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,10 +34,17 @@ NO_COLLECTIVES = [
 OTHER = [
     "gather_src_rows_sharded_communicates[auto]", "gather_src_rows_sharded_communicates[explicit]",
     "grad_select_and_gather_sharded[auto]", "single_device_jit_unchanged",
-    "gspmd_partitioner_falls_back[auto]", "export_needs_export_checks",
+    "export_needs_export_checks",
     "explicit_conflicting_shardings_raise[explicit]",
     "export_serialize[1dev]", "export_serialize[4dev]",
 ]
+# Only where jax has the option (jax 0.12+; sharding_checks.py's run_partitioning).
+if "jax_partitioning" in jax.config.values:
+    OTHER += [f"jax_partitioning_{c}[{i}]" for c in (
+        "where_blocks", "where_rows", "gather_index_sharded", "grad_gather") for i in IMPLS]
+# Only where jax can still select the GSPMD partitioner (sharding_checks.py's run_gspmd).
+if _compat.GSPMD_SELECTABLE:
+    OTHER.append("gspmd_partitioner_falls_back[auto]")
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
 
 

@@ -24,6 +24,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_ext
 
+import future_defaults
+
 R = P()
 S = P("x")
 
@@ -81,11 +83,15 @@ def _transforms(fn, diff):
     def loss(*a):  # squared, so that second derivatives run through the op again
         out = fn(*a)
         w = jnp.linspace(0.5, 2.0, out.shape[-1], dtype=jnp.float32)
-        return jax.lax.psum(jnp.sum(out ** 2 * w), "x")
+        total = jnp.sum(out ** 2 * w)
+        if not future_defaults.auto_pcast() and "x" not in jax.typeof(total).mat.varying:
+            # psum takes a varying value: what jax_auto_pcast inserts, spelled out.
+            total = jax.lax.pcast(total, "x", to="varying")
+        return jax.lax.psum(total, "x")
     g = jax.grad(loss, argnums=diff)
 
-    def along(*a):  # a direction per differentiable operand
-        return tuple(jnp.ones_like(a[k]) for k in diff)
+    def along(*a):  # a direction per differentiable operand, typed like it
+        return tuple(_like(jnp.ones_like(a[k]), a[k]) for k in diff)
     return {
         "forward": fn,
         "psum_forward": loss,
@@ -102,6 +108,13 @@ def _transforms(fn, diff):
             lambda carry, _: (carry, g(*a)), 0.0, None, length=2)[1],
         "grad_in_vmap": g,  # the shard_map itself vmapped (see run)
     }
+
+
+def _like(t, a):
+    """`t` varying over the mesh axes `a` varies over: what jax_auto_pcast inserts in
+    jnp.ones_like, spelled out where it is off."""
+    axes = tuple(sorted(jax.typeof(a).mat.varying - jax.typeof(t).mat.varying))
+    return jax.lax.pcast(t, axes, to="varying") if axes and not future_defaults.auto_pcast() else t
 
 
 def _put_diff(args, diff, vals):
@@ -162,10 +175,42 @@ def _case(fn, tname, diff, mesh, manual, specs, check_vma, vm, placed):
     return jax.tree.map(np.asarray, jax.jit(jax.vmap(sm) if vm else sm)(*placed))
 
 
+# The error jax's primitives raise where shard_map operands' varying axes differ and
+# jax_auto_pcast=False leaves them so (jax._src.core.standard_vma_rule).
+VMA_MISMATCH = "requires varying manual axes to match"
+
+
+def _raises_like(twin_error, fn, tname, diff, mesh, manual, specs, check_vma, vm, placed,
+                 impl):
+    """None when jax_ext raises what the jnp twin raised (`twin_error`) in the same case,
+    and raises it while tracing, as jnp does; else what differs. Only a twin that
+    rejects varying axes (jax_auto_pcast=False) may fail: any other failure of the twin
+    is a broken case."""
+    if VMA_MISMATCH not in str(twin_error):
+        return f"the jnp twin failed: {type(twin_error).__name__}: {twin_error}"
+    body = _transforms(fn, diff)[tname]
+    kw = {} if manual is None else {"axis_names": manual}
+    sm = jax.shard_map(body, mesh=mesh, in_specs=tuple(specs),
+                       out_specs=_out_specs(tname, specs, diff), check_vma=check_vma, **kw)
+    try:
+        with jax_ext.implementation(impl):
+            jax.jit(jax.vmap(sm) if vm else sm).trace(*placed)  # tracing only
+    except type(twin_error) as e:
+        if VMA_MISMATCH in str(e):
+            return None
+        return f"jnp raised {twin_error!r}; jax_ext raised {e!r}"
+    except Exception as e:
+        return f"jnp raised {twin_error!r}; jax_ext raised {e!r}"
+    return f"jnp raised {twin_error!r} while tracing; jax_ext traced"
+
+
 def run(mesh, manual, impls, vmas, results, decisions, prefix, ops=None, transforms=None,
-        big=False, cols_on_y=False):
+        big=False, cols_on_y=False, raised=None):
     """Every case of ops x placements x transforms x check_vma: the jnp twin run once, then
-    jax_ext under each implementation compared with it."""
+    jax_ext under each implementation compared with it. Where the twin raises, jax_ext
+    must raise the same while tracing (_raises_like); those cases are listed in
+    `raised`."""
+    raised = RAISED if raised is None else raised
     from jax_ext.auto import explain
     for (op, (fn, twin, args, diff)), check_vma in itertools.product(_ops(big).items(), vmas):
         if ops is not None and op not in ops:
@@ -185,12 +230,14 @@ def run(mesh, manual, impls, vmas, results, decisions, prefix, ops=None, transfo
                 try:
                     want = _case(twin, tname, diff, mesh, manual, specs, check_vma, vm, placed)
                     twin_error = None
-                except Exception as e:  # every case of this twin is recorded as failed
-                    twin_error = f"the jnp twin failed: {type(e).__name__}: {e}"
+                except Exception as e:
+                    twin_error = e
                 for impl in impls:
                     case = f"{name}[{impl}][vma={check_vma}]"
                     if twin_error is not None:
-                        results[case] = twin_error
+                        results[case] = _raises_like(twin_error, fn, tname, diff, mesh, manual,
+                                                     specs, check_vma, vm, placed, impl)
+                        raised.append(case)
                         continue
                     try:
                         with jax_ext.implementation(impl), explain.recording() as rec:
@@ -238,13 +285,43 @@ PARTS = {
     "auto_big": lambda r, d, m: run(m, None, ["auto"], [True], r, d, "big:", big=True,
                                     transforms=("forward", "grad")),
     "partial_manual": lambda r, d, m: _partial_manual(r, d),
+    # jax_auto_pcast=False (jax's announced default): an invariant float operand beside a
+    # varying one is an error, which jax_ext raises where jnp.where / jnp.take do.
+    "no_auto_pcast": lambda r, d, m: _no_auto_pcast(r, d, m),
 }
+
+
+def _no_auto_pcast(results, decisions, mesh):
+    with _config_state("jax_auto_pcast", False):
+        run(mesh, None, ALL, [True], results, decisions, "",
+            ops=("select_numpy", "where", "where3_rows", "gather"),
+            transforms=("forward", "grad", "linearize", "grad_in_vmap"))
+
+
+def _config_state(name, value):
+    """A context that sets jax config option `name` to `value` for a block."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        old = jax.config.values[name]
+        jax.config.update(name, value)
+        try:
+            yield
+        finally:
+            jax.config.update(name, old)
+    return ctx()
+
+
+RAISED = []  # the cases where the twin and jax_ext raised alike
 
 
 if __name__ == "__main__":
     outdir, part = sys.argv[1], sys.argv[2]
     assert len(jax.devices()) == 4, jax.devices()
+    future_defaults.apply()
     results, decisions = {}, {}
     PARTS[part](results, decisions, jax.make_mesh((4,), ("x",)))
     with open(os.path.join(outdir, f"{part}.json"), "w") as f:
-        json.dump({"cases": results, "auto": decisions}, f)
+        json.dump({"cases": results, "auto": decisions, "raised": RAISED,
+                   "auto_pcast": future_defaults.auto_pcast()}, f)

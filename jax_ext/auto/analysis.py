@@ -77,8 +77,15 @@ _MEMORY_REDUCTIONS = {
     "reduce_min": {"float16", "bfloat16", "float32", "float64"},
 }
 # Call-like primitives whose body is lowered inline: look through them by position.
+# `eval_jaxpr` is what checkpoint and custom_vjp bind under jax_remat3 / jax_custom_vjp3
+# (jax's announced implementations), in place of remat2 and the custom_vjp calls.
 _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "remat2",
-          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
+          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
+          "eval_jaxpr"}
+# Pins values around a rematerialized computation (jax_remat3 pins the cotangents that
+# enter one, too); each result is its operand: look through it by position, so that the
+# consumer found is the same whichever remat implementation jax uses.
+_PINS = {"optimization_barrier"}
 # Control flow whose results are buffers (loop state, branch results).
 _BUFFER_RESULTS = {"while", "scan", "cond"}
 
@@ -106,10 +113,18 @@ def _outer_value(value: Any, stack: Sequence[Any], level: int) -> tuple[Any, int
     return (outer_env[v], level + 1) if v in outer_env else None
 
 
-def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
-             depth: int = 0) -> tuple[bool, str]:
+def producer(value: Any, stack: Sequence[Any] = ()) -> tuple[bool, str]:
     """Is `value` (an MLIR value being lowered) already in memory? -> (yes, what it is).
     `stack`: _compat.enclosing_equations(), to follow arguments of inner functions out."""
+    mem, what, _ = traced_producer(value, stack)
+    return mem, what
+
+
+def traced_producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
+                    depth: int = 0) -> tuple[bool, str, Any]:
+    """`producer`, and the value it was traced to: through views, into the callees of
+    nested calls and out of inner functions to the operand they were called with (whether
+    jax lowers a call inline or as a function of its own, as it does eval_jaxpr)."""
     try:
         if isinstance(value, ir.BlockArgument):
             parent = value.owner.owner
@@ -117,24 +132,24 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
             if name == "func.func":
                 fname = ir.StringAttr(parent.attributes["sym_name"]).value
                 if fname == "main":
-                    return True, "argument"
+                    return True, "argument", value
                 outer = _outer_value(value, stack, level)
                 if outer is not None and depth < 8:
-                    return producer(outer[0], stack, outer[1], depth + 1)
-                return False, f"argument of inner function {fname}"
+                    return traced_producer(outer[0], stack, outer[1], depth + 1)
+                return False, f"argument of inner function {fname}", value
             if name == "stablehlo.while":
-                return True, "loop state"
+                return True, "loop state", value
             if name == "sdy.manual_computation" and depth < 8:
                 # shard_map's body: its arguments are the per-device shards of the
                 # shard_map's operands, in memory where those are.
                 outer = _outer_value(value, stack, level)
                 if outer is not None:
-                    return producer(outer[0], stack, outer[1], depth + 1)
-            return False, f"block argument of {name}"
+                    return traced_producer(outer[0], stack, outer[1], depth + 1)
+            return False, f"block argument of {name}", value
         op = value.owner
         name = op.operation.name if hasattr(op, "operation") else op.name
         if (name in _VIEW_OPS or _free_view(op, name)) and depth < 8:
-            return producer(op.operands[0], stack, level, depth + 1)
+            return traced_producer(op.operands[0], stack, level, depth + 1)
         if name == "func.call" and depth < 8:
             # A nested jit: follow the callee's returned value (and its arguments back here).
             callee_name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -146,19 +161,24 @@ def producer(value: Any, stack: Sequence[Any] = (), level: int = 0,
                 ret = callee.regions[0].blocks[0].operations[-1]
                 v = ret.operands[value.result_number]
                 if isinstance(v, ir.BlockArgument) and v.owner.owner == callee:
-                    return producer(op.operands[v.arg_number], stack, level, depth + 1)
-                return producer(v, stack, level, depth + 1)
-            return False, f"result of call {callee_name}"
+                    return traced_producer(op.operands[v.arg_number], stack, level, depth + 1)
+                return traced_producer(v, stack, level, depth + 1)
+            return False, f"result of call {callee_name}", value
+        if name == "stablehlo.optimization_barrier" and depth < 8:
+            # Its results are in memory; where its operand already was, say what that is
+            # (jax_remat3 pins values with it that other remat implementations do not).
+            inner = traced_producer(op.operands[value.result_number], stack, level, depth + 1)
+            return inner if inner[0] else (True, "optimization_barrier", value)
         if name in _MATERIALIZED_OPS:
-            return True, name.removeprefix("stablehlo.")
+            return True, name.removeprefix("stablehlo."), value
         if name == "stablehlo.constant":
             splat = ir.DenseElementsAttr(op.attributes["value"]).is_splat
-            return (not splat), "constant"
-        return False, name.removeprefix("stablehlo.")
+            return (not splat), "constant", value
+        return False, name.removeprefix("stablehlo."), value
     except Exception as e:  # any surprise in the IR: assume it would fuse
         _compat.fallback("an operand's producer could not be read from the IR: auto "
                          "assumes it would fuse", e)
-        return False, f"unknown ({type(e).__name__})"
+        return False, f"unknown ({type(e).__name__})", value
 
 
 def _type_bytes(t: Any) -> int:
@@ -283,6 +303,8 @@ def _through(e: Any, var: Any) -> list[tuple[Any, Any]] | None:
     stead: a free view's result, a call's parameter; None when `e` is neither."""
     if _free_view_eqn(e):
         return [(None, e.outvars[0])]
+    if e.primitive.name in _PINS:
+        return [(None, e.outvars[pos]) for pos, v in enumerate(e.invars) if v is var]
     inner = _inner_jaxpr(e) if e.primitive.name in _CALLS else None
     if inner is None or len(inner.invars) != len(e.invars):
         return None
@@ -412,10 +434,10 @@ def site(op: str, prim: Any, ctx: Any, args: Sequence[Any], params: dict[str, An
         if name not in big or aval.ndim == 0 or n * 8 < out:
             ops.append(Operand(name, n, True, "small"))
             continue
-        mem, what = producer(v, stack)
+        mem, what, src = traced_producer(v, stack)
         ops.append(Operand(name, n, mem, what, _compat.is_donated_block_argument(v)))
         if not mem:
-            rereads[name] = producer_reads(v)
+            rereads[name] = producer_reads(src)
     kept, why = consumers(prim, stack)
     key = fingerprint(op, ctx, params, [o.source() for o in ops] + [why])
     return Site(op, out, tuple(ops), rereads, kept, why, key)
