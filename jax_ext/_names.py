@@ -36,7 +36,10 @@ class OpSpec:
         targets: every FFI target name released for it, oldest first. A released target
             keeps its operands and attributes forever (exported programs name it); a
             change gets a new name. The lowering emits the last.
-        module: the Python module with its front-end and the primitive's rules.
+        front_end: the Python module with its public front-end(s), or None where the
+            primitive is bound by another op's rules only (the scatter-add).
+        rules: the Python module with the primitive's rules (abstract evaluation,
+            lowerings, partitioning, JVP, transpose, batching), registered at its end.
         source: its C++ file in ``xla_ffi/``.
         walk: how the kernel walks its operands (see ``Walk``).
         fused_operands: the operands whose producers auto looks at (small ones -- scalars,
@@ -52,7 +55,8 @@ class OpSpec:
     primitive: str
     operands: tuple[str, ...]
     targets: tuple[str, ...]
-    module: str
+    front_end: str | None
+    rules: str
     source: str
     walk: Walk
     fused_operands: tuple[str, ...]
@@ -77,19 +81,22 @@ class OpSpec:
 
 SELECT = OpSpec("select", "jax_ext_select", ("cond", "x", "y"),
                 ("jax_ext_select_v1", "jax_ext_select_v2"),
-                module="jax_ext._select", source="select.cc", walk="collapsed",
+                front_end="jax_ext._select", rules="jax_ext._select_rules",
+                source="select.cc", walk="collapsed",
                 fused_operands=("cond", "x", "y"))
 GATHER = OpSpec("gather", "jax_ext_gather",
                 ("src", "offsets", "index", "num_indices", "pad_value"),
                 ("jax_ext_gather_v1", "jax_ext_gather_v2"),
-                module="jax_ext._gather", source="gather.cc", walk="batched",
+                front_end="jax_ext._gather", rules="jax_ext._gather_rules",
+                source="gather.cc", walk="batched",
                 fused_operands=("src",))
 # The scatter-add adds: its dtypes are the cases of DispatchAccumulate in scatter_add.cc
 # (tests/test_tables.py ties the two).
 SCATTER_ADD = OpSpec("scatter_add", "jax_ext_scatter_add",
                      ("cotangent", "offsets", "index", "num_indices"),
                      ("jax_ext_scatter_add_v1", "jax_ext_scatter_add_v2"),
-                     module="jax_ext._scatter_add", source="scatter_add.cc", walk="batched",
+                     front_end=None, rules="jax_ext._scatter_add",
+                     source="scatter_add.cc", walk="batched",
                      fused_operands=(), lax_fuses=False,
                      native_dtypes=frozenset({
                          "float32", "float64", "complex64", "complex128", "float16",

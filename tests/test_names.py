@@ -38,16 +38,23 @@ def test_explain_names_ops_and_implementations_from_the_table():
 
 
 def test_every_op_spec_names_its_files_and_its_estimator():
-    """An op is its spec entry, its Python module, its C++ file and its estimator: each
-    named in the spec exists, and nothing else is looked up by the op's name."""
+    """An op is its spec entry, its Python modules (front-end and rules), its C++ file
+    and its estimator: each named in the spec exists, the rules module registers the
+    primitive's rules, and nothing else is looked up by the op's name."""
     import importlib
     import os
+    from jax_ext import _compat
     from jax_ext.auto import costs, model
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert sorted(model.ESTIMATORS) == sorted(o.op for o in _names.OPS)
     for o in _names.OPS:
-        mod = importlib.import_module(o.module)
-        assert mod.__name__ == o.module
+        for name in filter(None, (o.front_end, o.rules)):
+            assert importlib.import_module(name).__name__ == name
+        prim = importlib.import_module("jax_ext._primitives")
+        p = next(v for v in vars(prim).values() if getattr(v, "name", None) == o.primitive)
+        rules = vars(importlib.import_module(o.rules)).values()
+        assert _compat.ad.primitive_jvps[p] in rules or _compat.ad.primitive_transposes[p] \
+            in rules, f"{o.rules} does not hold {o.primitive}'s rules"
         if os.path.isdir(os.path.join(root, "xla_ffi")):
             assert os.path.isfile(os.path.join(root, "xla_ffi", o.source)), o.source
         assert set(o.fused_operands) <= set(o.operands), o

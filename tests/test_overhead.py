@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from jax_ext import _gather, _lowering, _scatter_add, _select
+from jax_ext import _gather, _gather_rules, _lowering, _scatter_add, _select, _select_rules
 from jax_ext.auto import analysis, explain, model
 from references import IMPLS, assert_bits_equal
 
@@ -302,7 +302,7 @@ def test_lowering_grows_linearly_with_the_call_sites(impl, grad):
     c = jnp.asarray(rng.random((5, 8)) > 0.5)
     fns = {"record": explain.record, "custom call": _lowering.ffi_call,
            "site": analysis.site, "index": analysis._index_uses, "estimate": model.decide,
-           "select lax": _select._lax_impl, "gather lax": _gather._gather_lax,
+           "select lax": _select_rules._lax_impl, "gather lax": _gather_rules._gather_lax,
            "scatter lax": _scatter_add._scatter_lax}
     seen, work, ours = [], [], []
     with jax_ext.implementation(impl):
