@@ -388,6 +388,9 @@ from jax.experimental.custom_partitioning import custom_partitioning as _cp  # n
 from jax._src import dispatch as _dispatch  # noqa: E402
 
 custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
+# The axis context of a jit lowering that will be partitioned (not a shard_map body or
+# pmap); public in jax.interpreters.mlir at both ends of the window.
+ShardingContext = mlir.ShardingContext
 
 
 def require_devices_during_lowering(prim: Primitive) -> bool:
@@ -424,7 +427,7 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         if mc.lowering_parameters.for_export or gspmd():
             return None
         ac = mc.axis_context
-        if not isinstance(ac, mlir.ShardingContext):
+        if not isinstance(ac, ShardingContext):
             return None  # shard_map bodies (SPMDAxisContext), pmap (replica context)
         devices, am = ac.device_assignment, ac.abstract_mesh
         if devices is None or len(devices) <= 1 or am is None or am.empty:

@@ -94,7 +94,8 @@ def test_a_per_site_rule_raises_in_strict_mode_without_cacheable(monkeypatch):
     sites, and explain would miss the repeats."""
     got = []
 
-    def register_lowering(prim, rule, platform=None):  # no cacheable keyword
+    # no cacheable keyword (jax 0.12's shard_map_collective_rule stays)
+    def register_lowering(prim, rule, platform=None, *, shard_map_collective_rule=None):
         got.append((prim, rule, platform))
     monkeypatch.setattr(_compat.mlir, "register_lowering", register_lowering)
     prim, rule = types.SimpleNamespace(name="fake_p"), (lambda ctx: [])
@@ -114,9 +115,9 @@ def _where_lowered(**jit):
 
 @pytest.mark.skipif(not jax_ext.native_available(), reason="the kernel's lowering only")
 def test_spmd_mesh_shape_raises_in_strict_mode_where_it_would_replicate(monkeypatch):
-    """A jax without sharding_impls.ShardingContext (a moved private name) would lower
-    every sharded native call unpartitioned, all-gathered."""
-    monkeypatch.setattr(_compat, "_sharding_impls", types.SimpleNamespace(ShardingContext=None))
+    """A jax without mlir.ShardingContext (a moved name) would lower every sharded native
+    call unpartitioned, all-gathered."""
+    monkeypatch.setattr(_compat, "ShardingContext", None)
     with pytest.raises(_compat.FallbackError, match="unpartitioned"):
         _where_lowered()
     monkeypatch.setenv(_compat.STRICT_ENV, "0")
