@@ -1,5 +1,6 @@
-"""Every jax import that is private or differs between jax versions lives here, and every
-fallback jax_ext takes when jax surprises it goes through `fallback` below."""
+"""Every jax import that is private or differs between jax versions lives here (those of
+sharding in ``_compat_sharding.py``, its other half), and every fallback jax_ext takes
+when jax surprises it goes through `fallback` below."""
 from __future__ import annotations
 
 import inspect
@@ -377,184 +378,14 @@ def is_donated_block_argument(value: ir.Value[Any]) -> bool:
         return False
 
 
-# --- SPMD partitioning --------------------------------------------------------------
-# jax_ext partitions its custom calls with jax.experimental.custom_partitioning (the
-# mechanism jax's own cuDNN kernels use). It needs two private pieces: the set of
-# primitives whose lowering must see the device assignment, and the lowering's axis
-# context.
-# jax leaves custom_partitioning unannotated: typed here by what jax_ext does with it
-# (wrap a function, then def_partition).
-from jax.experimental.custom_partitioning import custom_partitioning as _cp  # noqa: E402
-from jax._src import dispatch as _dispatch  # noqa: E402
-
-custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
-# The axis context of a jit lowering that will be partitioned (not a shard_map body or
-# pmap); public in jax.interpreters.mlir at both ends of the window.
-ShardingContext = mlir.ShardingContext
-
-
-def require_devices_during_lowering(prim: Primitive) -> bool:
-    """Asks jax to lower `prim` with its device assignment known (custom_partitioning
-    needs it). True: the lowering may partition `prim`."""
-    _dispatch.prim_requires_devices_during_lowering.add(prim)
-    return True
-
-
-# jax_use_shardy_partitioner=False selects XLA's GSPMD partitioner, which cannot run a
-# custom_partitioning call that has only a Shardy rule. jax 0.12 deprecated the option
-# ("Shardy is now always enabled; this flag has no effect"; jax 0.10.2 still reads it), so
-# jax_ext reads it only on the releases before: reading a dead option would test nothing,
-# and once jax removes it, reading it would fail every partitioned call.
-GSPMD_SELECTABLE = JAX_VERSION < (0, 12)
-
-
-def gspmd() -> bool:
-    """Is XLA's GSPMD partitioner selected (jax_use_shardy_partitioner=False, on a jax
-    where that option has an effect)?"""
-    # jax 0.10.2's Config stub lacks this flag, which its config defines.
-    return GSPMD_SELECTABLE and not jax.config.jax_use_shardy_partitioner  # type: ignore[attr-defined, unused-ignore]
-
-
-def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
-    """{axis name: size} of the mesh a custom call lowered in `ctx` will be partitioned
-    over, or None when it must be lowered as is: one device, a body where every mesh
-    axis is manual (shard_map), a program lowered for jax.export (custom_partitioning
-    cannot be serialized), the GSPMD partitioner (`gspmd`), or
-    a sharding without a named mesh. Any surprise in jax's lowering context is a
-    fallback: the call lowers unpartitioned (XLA all-gathers its operands)."""
-    try:
-        mc = ctx.module_context
-        if mc.lowering_parameters.for_export or gspmd():
-            return None
-        ac = mc.axis_context
-        if not isinstance(ac, ShardingContext):
-            return None  # shard_map bodies (SPMDAxisContext), pmap (replica context)
-        devices, am = ac.device_assignment, ac.abstract_mesh
-        if devices is None or len(devices) <= 1 or am is None or am.empty:
-            return None
-        return dict(zip(am.axis_names, am.axis_sizes))
-    except Exception as e:
-        fallback("jax's lowering context did not say how the call is partitioned: it "
-                 "lowers unpartitioned (replicated)", e)
-        return None
-
-
-def shard_map_partitioning() -> Any | None:
-    """The abstract mesh, when jax lowers the ops of an Explicit mesh through shard_map
-    (jax_partitioning on, jax 0.12+: custom_partitioning has no rule there); else None."""
-    # jax 0.10.2 has no such option; its Config stub has no attributes for options.
-    if not getattr(jax.config, "jax_partitioning", False):
-        return None
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.are_all_axes_manual or not mesh.explicit_axes:
-        return None
-    return mesh
-
-
-# --- sharding in types (explicit mesh axes) ----------------------------------------------
-from jax._src.core import ShardingTypeError as ShardingTypeError  # noqa: E402
-
-
-def explicit_axes(mesh: Any) -> bool:
-    """Does `mesh` have an Explicit axis (sharding in types)? A mesh without axis types
-    has none."""
-    from jax.sharding import AxisType
-    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-
-
-def auto_axes(fn: Callable[..., jax.Array],
-              out_sharding: jax.sharding.NamedSharding) -> Callable[..., jax.Array]:
-    """`jax.sharding.auto_axes(fn, out_sharding=...)` over the mesh's Explicit axes only.
-    Inside a partial-manual shard_map the mesh also has Manual axes, which auto_axes may
-    not turn Auto (jax raises NotImplementedError); they stay as they are."""
-    from jax.sharding import AxisType
-    mesh = out_sharding.mesh
-    axes = tuple(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit)
-    wrapped: Callable[..., jax.Array] = jax.sharding.auto_axes(fn, axes=axes,
-                                                               out_sharding=out_sharding)
-    return wrapped
-
-
-def spec_entries(aval: Aval) -> tuple[SpecEntry, ...]:
-    """The PartitionSpec entry of every dim of `aval` (an aval, or anything with `ndim`
-    and `sharding`, such as a ShapeDtypeStruct): None where unsharded or unknown."""
-    found = getattr(getattr(aval, "sharding", None), "spec", None)
-    spec = () if found is None else tuple(found)
-    ndim: int = aval.ndim
-    return spec + (None,) * (ndim - len(spec))
-
-
-def typed_result(prim: str, avals_in: Sequence[Aval], like: Aval, spec: Sequence[SpecEntry],
-                 **updates: Any) -> Aval:
-    """`like.update(**updates)`, typed with the result spec `spec` when an operand's type
-    carries a mesh (explicit axes); unchanged otherwise (Auto axes: the partitioner
-    decides, as for any jax op). Inside shard_map the operands' varying axes must match
-    (see varying_update; `prim` names the primitive in jax's error)."""
-    sh = next((a.sharding for a in avals_in if not getattr(
-        getattr(getattr(a, "sharding", None), "mesh", None), "empty", True)), None)
-    updates.update(varying_update(prim, avals_in, like))
-    if sh is None:
-        return like.update(**updates)
-    return like.update(sharding=sh.update(spec=PartitionSpec(*spec)), **updates)
-
-
-# --- varying manual axes (shard_map's check_vma typing) ----------------------------------
-# Inside shard_map, jax types each value with the mesh axes it varies over (`aval.mat.varying`
-# at both ends of the window). lax's primitives bind through `core.auto_insert_reshard`,
-# which makes invariant operands varying (`pvary`; its transpose is a psum, so a replicated
-# operand's gradient is summed over devices), and type the result with
-# `core.standard_vma_rule`, which raises ValueError "requires varying manual axes to match"
-# when the operands still differ. Which operands auto_insert_reshard pvarys is jax's
-# `jax_auto_pcast` option (and its version's reading of it): all of them while it is True
-# (the default); with it False, none on jax 0.10.2, and only integer and bool ones on jax
-# 0.12. jax_ext's primitives call the same two functions, so they accept and reject
-# exactly what jnp.where / jnp.take do under either setting, forward and under every
-# transform. There is no public spelling of either (`lax.pcast` takes explicit axes).
-
-def varying_update(prim: str, avals_in: Sequence[Aval], like: Aval) -> dict[str, Any]:
-    """The `update` keywords that type a result as varying over the operands' axes (empty
-    when nothing varies, so outside shard_map nothing changes); jax's ValueError when the
-    operands' axes differ (only reachable when jax_auto_pcast is False)."""
-    from jax._src import core as _src_core
-    rule: Callable[..., frozenset[Any]] = _src_core.standard_vma_rule
-    axes = frozenset(rule(prim, *(a for a in avals_in if getattr(a, "mat", None) is not None)))
-    mat = getattr(like, "mat", None)
-    if mat is None or axes == frozenset(mat.varying):
-        return {}
-    return {"manual_axis_type": mat.update(varying=axes)}
-
+# --- binding a primitive -----------------------------------------------------------------
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> jax.Array:
     """`prim.bind` with invariant operands made varying where they meet varying ones, as
     jax's lax primitives bind (a no-op outside shard_map and under check_vma=False; what
-    jax_auto_pcast=False leaves alone, the abstract evaluation then rejects)."""
+    jax_auto_pcast=False leaves alone, the abstract evaluation then rejects: see
+    _compat_sharding's "varying manual axes")."""
     from jax._src import core as _src_core
     insert: Callable[..., Sequence[Any]] = _src_core.auto_insert_reshard
     out: jax.Array = prim.bind(*insert(*args), **params)  # jax_ext's primitives: one result
     return out
-
-
-# --- lowering one shard of a custom_partitioning call ---------------------------------
-# XLA asks custom_partitioning's `partition` callback for the per-device program while it
-# compiles. jaxlib 0.10.2 runs that callback on a thread of its own, where no mesh is set;
-# jaxlib 0.12 runs it on the thread that called jit, so under `jax.set_mesh` with
-# Explicit axes the per-device function is traced with every value typed on that mesh,
-# and jax wraps each op's result in a sharding constraint. The per-device module is never
-# partitioned again, so those constraints reach the CPU backend as `Sharding` custom
-# calls it cannot run ("No registered implementation for untyped custom call to Sharding
-# for Host"). jax_ext therefore lowers each shard's computation itself, with its values
-# untyped and no mesh set, as it is on 0.10.2 (see _lowering._partitioned).
-
-def no_mesh() -> AbstractContextManager[None]:
-    """A context in which no abstract mesh is set (values trace without sharding types)."""
-    from jax.sharding import AbstractMesh, use_abstract_mesh
-    return use_abstract_mesh(AbstractMesh((), ()))
-
-
-def without_sharding(aval: Aval) -> Aval:
-    """`aval` without a mesh in its type (a ShapedArray typed on no mesh); others as is."""
-    if getattr(aval, "sharding", None) is None or not hasattr(aval, "ndim"):
-        return aval
-    from jax.sharding import AbstractMesh, NamedSharding
-    return aval.update(sharding=NamedSharding(AbstractMesh((), ()),
-                                              PartitionSpec(*[None] * aval.ndim)))

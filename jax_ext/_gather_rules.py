@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat, _gather_args as _args, _lowering, _names, _rows
+from . import _compat, _compat_sharding, _gather_args as _args, _lowering, _names, _partition, _rows
 from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 # gather's transpose binds the scatter-add, whose rules _scatter_add registers
 from . import _scatter_add  # noqa: F401
@@ -66,11 +66,11 @@ def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad:
     n = index.shape[-1]
     shape = bshape + (n,) + tuple(sshape[dim + 1:-1]) + (row_len,)
     avals = (src, offsets, index, num, pad)
-    ss = _compat.spec_entries(src)[nbatch:]
-    spec = _lowering.merge_specs(prim, _rows.batch_spec_candidates(avals, bshape) + [
-        [_compat.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
+    ss = _compat_sharding.spec_entries(src)[nbatch:]
+    spec = _partition.merge_specs(prim, _rows.batch_spec_candidates(avals, bshape) + [
+        [_compat_sharding.spec_entries(index)[-1]]] + [[e] for e in ss[dim + 1:-1]] + [
         [ss[-1]] if sshape[-1] == row_len else []])
-    return _compat.typed_result(prim, avals, src, spec, shape=shape, dtype=src.dtype,
+    return _compat_sharding.typed_result(prim, avals, src, spec, shape=shape, dtype=src.dtype,
                                 weak_type=bool(src.weak_type))
 
 
@@ -115,7 +115,7 @@ def _lax_geometry(src: jax.Array, avals: Sequence[Aval], *, dim: int, row_len: i
     # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
     # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
     # turns -0.0 into +0.0 and quiets signalling NaNs).
-    o = _compat.spec_entries(out_aval)
+    o = _compat_sharding.spec_entries(out_aval)
     o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
     return _LaxGeometry(bshape, n, mid, last, math.prod(sshape[:dim + 1]), ex, row_shape,
                         bshape + (n,) + row_shape, _lowering.explicit_sharding(out_aval, ex), o)
@@ -147,7 +147,7 @@ def _lax_take(geo: _LaxGeometry, src: jax.Array, sv: jax.Array, row: jax.Array,
         f, i, dnums, (1,) * (k + 1) + geo.row_shape,
         mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if geo.sharding is not None:  # jax's gather cannot infer every result sharding
-        take = _compat.auto_axes(take, geo.sharding)
+        take = _compat_sharding.auto_axes(take, geo.sharding)
     return take(flat, ids)
 
 
@@ -213,7 +213,7 @@ def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any
 # the last dim shard freely; a size-1 (broadcast) batch dim gets a factor of its own.
 
 def _gather_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
-                      nbatch: int, **_: Any) -> _lowering.Factors:
+                      nbatch: int, **_: Any) -> _partition.Factors:
     bshape = aval_out.shape[:nbatch]
     src = avals_in[0]
     sshape = src.shape[nbatch:]
@@ -232,7 +232,7 @@ def _gather_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row
 
 def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
                            avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
-                           nbatch: int, **params: Any) -> _lowering.Partition:
+                           nbatch: int, **params: Any) -> _partition.Partition:
     """Each device gathers the rows of its index shard (and batch/column block) from a
     src replicated along dims 0..dim. num_indices counts global rows, so each shard
     gets it shifted by the shard's first row."""
@@ -246,8 +246,8 @@ def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int]
     in_specs[0] += [None] * (dim + 1) + o[nbatch + 1:]
     in_specs[1] += [None]
     in_specs[2] += [o[nbatch]]
-    local_row_len = _lowering.local_size(row_len, o[-1], mesh_shape)
-    n_axes, n_local = o[nbatch], _lowering.local_size(n, o[nbatch], mesh_shape)
+    local_row_len = _partition.local_size(row_len, o[-1], mesh_shape)
+    n_axes, n_local = o[nbatch], _partition.local_size(n, o[nbatch], mesh_shape)
 
     def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
               index: jax.Array, num: jax.Array, pad: jax.Array) -> jax.Array:
@@ -322,9 +322,9 @@ def _like_primal(t: jax.Array, aval: Aval) -> jax.Array:
     any index), so a row-sharded src gets its cotangent resharded to match."""
     want = getattr(aval, "sharding", None)
     mesh = getattr(want, "mesh", None)
-    if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
+    if mesh is None or mesh.empty or not _compat_sharding.explicit_axes(mesh):
         return t
-    if _compat.spec_entries(jax.typeof(t)) == _compat.spec_entries(aval):
+    if _compat_sharding.spec_entries(jax.typeof(t)) == _compat_sharding.spec_entries(aval):
         return t
     # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
     return _compat.reshard(t, jax.sharding.NamedSharding(mesh, aval.sharding.spec))
@@ -351,7 +351,7 @@ gather_p.def_abstract_eval(_gather_abstract_eval)
 # all-reduce, which turns -0.0 into +0.0 and quiets signalling NaNs; the kernels' rule
 # (src replicated along dims 0..dim) keeps the bits on the lax path too.
 _lowering.register(gather_p, _names.GATHER, _gather_lax, _gather_native,
-                   spmd=_lowering.Spmd(_gather_spmd_rule, _gather_spmd_partition),
+                   spmd=_partition.Spmd(_gather_spmd_rule, _gather_spmd_partition),
                    partition_lax=True)
 _compat.ad.primitive_jvps[gather_p] = _gather_jvp
 _compat.ad.primitive_transposes[gather_p] = _gather_transpose

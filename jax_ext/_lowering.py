@@ -1,4 +1,5 @@
-"""The one place that builds FFI custom calls, plus the glue the lax fallbacks share."""
+"""The one place that builds FFI custom calls, plus the glue the lax fallbacks share (how a
+call is partitioned over a mesh: `_partition.py`)."""
 from __future__ import annotations
 
 import functools
@@ -10,8 +11,8 @@ import numpy as np
 from jax import lax
 from jax.typing import DTypeLike
 
-from . import _compat, _names, _native, auto
-from ._compat import Aval, IrValues, PartitionSpec, SpecEntry, ir
+from . import auto, _compat, _compat_sharding, _names, _native, _partition
+from ._compat import Aval, IrValues, PartitionSpec, ir
 from .auto import explain
 from ._native import native_available
 
@@ -20,11 +21,6 @@ Ctx = mlir.LoweringRuleContext
 # A native lowering: the FFI call's results, or None where the kernels decline (the lax
 # path runs then).
 NativeRule = Callable[..., IrValues | None]
-# Spmd.rule's result: a factor name per dim of each operand and of the result, and the
-# factors that must never be sharded.
-Factors = tuple[list[list[str]], list[str], tuple[str, ...]]
-# Spmd.partition's result: the operands' specs, the result's, and the local computation.
-Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
 
 # Dtypes narrower than a byte are packed in XLA buffers; the byte-moving kernels do not
 # handle them, so they always take the lax path (IsSubByte in xla_ffi/dispatch.h refuses
@@ -58,181 +54,9 @@ def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
     return rule(ctx, *operands, **typed)
 
 
-class Spmd:
-    """How a primitive's native custom call partitions over a device mesh (see
-    `register`). Both callbacks take the primitive's operand avals, its result aval and
-    its params, and describe the dims with per-dim lists; a spec entry is what a
-    PartitionSpec holds for one dim (None, an axis name or a tuple of names).
-
-    * ``rule(avals_in, aval_out, **params) -> (factors_in, factors_out, replicated)``:
-      the Shardy sharding rule, one factor name per dim of every operand and of the
-      result (dims sharing a name are sharded alike; a factor that must never be
-      sharded -- a dim the kernel indexes globally -- is listed in `replicated`).
-    * ``partition(out_spec, mesh_shape, avals_in, aval_out, **params) -> (in_specs,
-      out_spec, local)``: given the result's spec that Shardy chose, the operand and
-      result specs the local kernel accepts (XLA reshards operands that differ) and
-      ``local(bind, *shards)``, the per-device computation, where ``bind(*args,
-      **params)`` binds the unpartitioned primitive on local shapes.
-    """
-
-    def __init__(self, rule: Callable[..., Factors],
-                 partition: Callable[..., Partition]) -> None:
-        self.rule, self.partition = rule, partition
-
-
-def rule_string(factors_in: Sequence[Sequence[str]], factors_out: Sequence[Sequence[str]]
-                ) -> str:
-    """Einsum-like Shardy rule text; a scalar is an empty entry."""
-    side: Callable[[Sequence[Sequence[str]]], str] = (
-        lambda vals: ", ".join(" ".join(f) for f in vals))
-    return f"{side(factors_in)} -> {side(factors_out)}"
-
-
-def local_size(n: int, entry: SpecEntry, mesh_shape: Mapping[str, int]) -> int:
-    """Size of one shard of a dim of size n sharded by the spec entry (ceil: XLA pads)."""
-    k = 1
-    for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
-        k *= mesh_shape[a]
-    return -(-n // k)
-
-
-def merge_specs(what: str, candidates: Sequence[Sequence[SpecEntry]]) -> list[SpecEntry]:
-    """The result spec from, per result dim, the spec entries of the operand dims that
-    lie along it (None: unsharded). Two different shardings of one dim, or one mesh axis
-    on two dims, is an error, as for jax's own ops under explicit axes."""
-    out: list[SpecEntry] = []
-    used: set[str] = set()
-    for d, cands in enumerate(candidates):
-        vals = {c for c in cands if c is not None}
-        if len(vals) > 1:
-            raise _compat.ShardingTypeError(
-                f"{what}: operands shard result dim {d} differently: {sorted(map(str, vals))};"
-                " reshard one of them (jax.sharding.reshard)")
-        e = vals.pop() if vals else None
-        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
-        if used & set(axes):
-            raise _compat.ShardingTypeError(
-                f"{what}: mesh axes {sorted(used & set(axes))} would shard two result dims")
-        used |= set(axes)
-        out.append(e)
-    return out
-
-
-def _partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-                 params: dict[str, Any]) -> IrValues:
-    """Lowers `raw` (the unpartitioned primitive, same operands and params) through
-    custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
-    back into spmd.partition to lower one shard."""
-    from jax.sharding import NamedSharding
-
-    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
-    f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
-    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-    fn = _compat.custom_partitioning(lambda *a: raw.bind(*a, **params))
-
-    def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
-                  result_shape: jax.ShapeDtypeStruct
-                  ) -> tuple[jax.sharding.Mesh, Callable[..., jax.Array], NamedSharding,
-                             tuple[NamedSharding, ...]]:
-        o = _compat.spec_entries(result_shape)
-        mesh_shape = dict(mesh.shape)
-        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, **params)
-        # The shard's whole computation is one equation, lowered by _shard_local_lowering
-        # (see there and _compat.no_mesh for why).
-        out = (tuple(local_size(d, e, mesh_shape) for d, e in zip(aval_out.shape, out_spec)),
-               np.dtype(aval_out.dtype))
-        body = _ShardBody(lambda *a: local(bind, *a))
-        return (mesh, lambda *a: _shard_local_p.bind(*a, body=body, out=out),
-                NamedSharding(mesh, PartitionSpec(*out_spec)),
-                tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
-
-    order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
-    fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
-                     # Shardy's verifier wants them in the order the rule introduces them.
-                     need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
-                                                           key=order.__getitem__)))
-    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
-    return rule(ctx, *args)
-
-
-def _shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-                  params: dict[str, Any], mesh: Any) -> IrValues:
-    """Lowers `raw` partitioned by `spmd` as a shard_map over the mesh's Explicit axes:
-    what jax does with its own ops under jax_partitioning (_compat.shard_map_partitioning),
-    where custom_partitioning has no rule. Operands whose sharding differs from the one
-    spmd.partition asks for are resharded first, as XLA would for custom_partitioning."""
-    from jax.sharding import NamedSharding
-    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
-    want = _compat.spec_entries(aval_out)
-    mesh_shape = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, **params)
-    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-
-    def fn(*xs: jax.Array) -> jax.Array:
-        xs = tuple(x if _compat.spec_entries(jax.typeof(x)) == tuple(s)
-                   else _compat.reshard(x, NamedSharding(mesh, PartitionSpec(*s)))
-                   for x, s in zip(xs, in_specs))
-        out: jax.Array = jax.shard_map(
-            lambda *shards: local(bind, *shards), mesh=mesh,
-            in_specs=tuple(PartitionSpec(*s) for s in in_specs),
-            out_specs=PartitionSpec(*out_spec), axis_names=set(mesh.explicit_axes),
-            check_vma=False)(*xs)
-        if tuple(out_spec) != tuple(want):
-            out = _compat.reshard(out, NamedSharding(mesh, PartitionSpec(*want)))
-        return out
-    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
-    return rule(ctx, *args)
-
-
-def _partition(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-               params: dict[str, Any]) -> IrValues:
-    """`raw` partitioned by `spmd`: through shard_map where jax lowers an Explicit mesh's
-    ops so, else through custom_partitioning."""
-    mesh = _compat.shard_map_partitioning()
-    if mesh is not None:
-        return _shard_mapped(ctx, raw, spmd, args, params, mesh)
-    return _partitioned(ctx, raw, spmd, args, params)
-
-
-class _ShardBody:
-    """A shard's computation as an equation parameter: hashed and compared by identity."""
-
-    def __init__(self, fn: Callable[..., jax.Array]) -> None:
-        self.fn = fn
-
-
-# One shard of a partitioned call: `body(*shards)` on local shapes, result `out` (shape,
-# dtype). XLA asks for it while it compiles, on the thread that called jit on jax 0.12,
-# where a `jax.set_mesh` of Explicit axes is still in force: any op traced there would be
-# typed on that mesh and lowered with sharding constraints the per-device program cannot
-# run. So the body is traced here, in this primitive's lowering, with untyped operands
-# and no mesh set: the per-device program is the same on every jax and under any mesh.
-_shard_local_p = _compat.Primitive(_names.SHARD_LOCAL)
-
-
-def _shard_local_abstract_eval(*avals: Aval, body: _ShardBody,
-                               out: tuple[tuple[int, ...], np.dtype[Any]]) -> Aval:
-    return jax.core.ShapedArray(out[0], out[1])
-
-
-def _shard_local_lowering(ctx: Ctx, *args: ir.Value[Any], body: _ShardBody,
-                          out: tuple[tuple[int, ...], np.dtype[Any]]) -> IrValues:
-    with _compat.no_mesh():
-        # LoweringRuleContext.replace is unannotated in jax.
-        plain = ctx.replace(  # type: ignore[no-untyped-call]
-            avals_in=[_compat.without_sharding(a) for a in ctx.avals_in],
-            avals_out=[_compat.without_sharding(a) for a in ctx.avals_out])
-        rule: mlir.LoweringRule = mlir.lower_fun(body.fn, multiple_results=False)
-        return rule(plain, *args)
-
-
-_shard_local_p.def_abstract_eval(_shard_local_abstract_eval)
-_compat.register_lowering(_shard_local_p, _shard_local_lowering)
-
-
 def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[..., Any],
              native_rule: NativeRule, *, inspects_operands: bool = False,
-             spmd: Spmd | None = None, partition_lax: bool = False) -> None:
+             spmd: _partition.Spmd | None = None, partition_lax: bool = False) -> None:
     """Lowerings for `prim` (the op `names`): `lax_impl` (a jax function of the operands
     and params) on every platform; on CPU `native_rule(ctx, *args, **params)` where the
     primitive was bound with impl="native", or with impl="auto" and the cost model
@@ -244,7 +68,7 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
     is it an argument of the jitted function that the caller donated?).
 
     `spmd`: how the native call partitions. With it, a lowering for more than one device
-    wraps the call in custom_partitioning (see `Spmd`); on one device, inside shard_map,
+    wraps the call in custom_partitioning (see `_partition.Spmd`); on one device, inside shard_map,
     for jax.export, under GSPMD, or without custom_partitioning it is the plain call.
 
     `partition_lax`: on CPU the lax path partitions by `spmd` too (each shard runs the lax
@@ -258,7 +82,7 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
         {"donated": tuple(_compat.is_donated_block_argument(a) for a in args)}
         if inspects_operands else {})
     raw: _compat.Primitive | None = None  # what custom_partitioning re-binds per shard
-    if spmd is not None and _compat.require_devices_during_lowering(prim):
+    if spmd is not None and _compat_sharding.require_devices_during_lowering(prim):
         raw = _shard_primitive(prim, names.shard_primitives[0], lax_rule, native_rule,
                                inspects_operands)
     raw_lax: _compat.Primitive | None = None
@@ -291,8 +115,9 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                 use, why = False, beyond
         out: IrValues | None = None
         if use:
-            if raw is not None and spmd is not None and _compat.spmd_mesh_shape(ctx) is not None:
-                out = _partition(ctx, raw, spmd, args, params | extra(ctx, args))
+            if (raw is not None and spmd is not None
+                    and _compat_sharding.spmd_mesh_shape(ctx) is not None):
+                out = _partition.partition(ctx, raw, spmd, args, params | extra(ctx, args))
             else:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
@@ -300,14 +125,14 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
         explain.record(ctx, op, "native" if out is not None else "lax", params["impl"], why,
                        choice.est_native_s, choice.est_lax_s, choice.site)
         if (out is None and raw_lax is not None and spmd is not None
-                and _compat.spmd_mesh_shape(ctx) is not None):
+                and _compat_sharding.spmd_mesh_shape(ctx) is not None):
             # Under jax_partitioning every path partitions so: jax's gather and scatter
             # cannot infer every result sharding, and auto_axes is not allowed there.
-            mesh = _compat.shard_map_partitioning()
+            mesh = _compat_sharding.shard_map_partitioning()
             if mesh is not None:
-                out = _shard_mapped(ctx, raw_lax, spmd, args, params, mesh)
+                out = _partition.shard_mapped(ctx, raw_lax, spmd, args, params, mesh)
             elif partition_lax:
-                out = _partitioned(ctx, raw_lax, spmd, args, params)
+                out = _partition.partitioned(ctx, raw_lax, spmd, args, params)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
@@ -464,10 +289,11 @@ def explicit_sharding(aval: Aval, extra: Sequence[int] = ()) -> jax.sharding.Nam
     with explicit axes, whose ops want their results' shardings spelled out; else None."""
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty or not _compat.explicit_axes(mesh):
+    if mesh is None or mesh.empty or not _compat_sharding.explicit_axes(mesh):
         return None
     from jax.sharding import NamedSharding
-    return NamedSharding(mesh, PartitionSpec(*_compat.spec_entries(aval), *[None] * len(extra)))
+    spec = _compat_sharding.spec_entries(aval)
+    return NamedSharding(mesh, PartitionSpec(*spec, *[None] * len(extra)))
 
 
 def from_view(v: jax.Array, dtype: DTypeLike) -> jax.Array:

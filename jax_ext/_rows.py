@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _compat
+from . import _compat, _compat_sharding
 from ._common import fmt_shape as _fmt
 from ._compat import Aval, Primal, SpecEntry
 
@@ -47,7 +47,7 @@ def check_batch(op: str, name: str, a: Aval, bshape: Sequence[int], nbatch: int,
 def batch_spec_candidates(avals: Sequence[Aval],
                           bshape: Sequence[int]) -> list[list[SpecEntry]]:
     """Per batch dim, the spec entries of the operands that carry it at full size."""
-    return [[_compat.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
+    return [[_compat_sharding.spec_entries(a)[j] for a in avals if a.shape[j] == b and b != 1]
             for j, b in enumerate(bshape)]
 
 

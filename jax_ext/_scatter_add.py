@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import DTypeLike
 
-from . import _compat, _lowering, _names, _rows
+from . import _compat, _compat_sharding, _lowering, _names, _partition, _rows
 from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 from ._primitives import gather_p, scatter_add_p
 
@@ -36,13 +36,13 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
         raise ValueError(f"{_names.SCATTER_ADD.primitive}: out_bshape {out_bshape} vs batch "
                          f"{bshape}")
     avals = (ct, offsets, index, num)
-    cs = _compat.spec_entries(ct)[nbatch:]
+    cs = _compat_sharding.spec_entries(ct)[nbatch:]
     bspec = _rows.batch_spec_candidates(avals, bshape)
-    spec = _lowering.merge_specs(_names.SCATTER_ADD.primitive, [
+    spec = _partition.merge_specs(_names.SCATTER_ADD.primitive, [
         c if o == b else [] for c, o, b in zip(bspec, out_bshape, bshape)] + [
         []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
         [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
-    return _compat.typed_result(_names.SCATTER_ADD.primitive, avals, ct, spec,
+    return _compat_sharding.typed_result(_names.SCATTER_ADD.primitive, avals, ct, spec,
                                 shape=tuple(out_bshape) + tuple(src_shape), dtype=ct.dtype,
                                 weak_type=bool(ct.weak_type))
 
@@ -74,8 +74,8 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
                                   src_shape=src_shape, out_bshape=out_bshape,
                                   check_bounds=check_bounds, nbatch=nbatch, impl=impl)
     sharding = _lowering.explicit_sharding(aval)
-    o = _compat.spec_entries(aval)
-    c = _compat.spec_entries(jax.typeof(ct))
+    o = _compat_sharding.spec_entries(aval)
+    c = _compat_sharding.spec_entries(jax.typeof(ct))
 
     def named(*spec: SpecEntry) -> jax.sharding.NamedSharding:
         # on the operands' mesh: a bare PartitionSpec needs jax.set_mesh
@@ -106,7 +106,7 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
     add: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = lambda z, i, u: lax.scatter_add(
         z, i, u, dnums, mode=lax.GatherScatterMode.FILL_OR_DROP)
     if zspec is not None:  # jax cannot infer every scatter's result sharding
-        add = _compat.auto_axes(add, zspec)
+        add = _compat_sharding.auto_axes(add, zspec)
     out = add(zeros, ids, upd)
     out = out.astype(ct.dtype).reshape(tuple(out_bshape) + tuple(src_shape))
     return out
@@ -127,7 +127,7 @@ def _scatter_native(ctx: _lowering.Ctx, ct: ir.Value[Any], offsets: ir.Value[Any
 
 def _scatter_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
                        src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
-                       **_: Any) -> _lowering.Factors:
+                       **_: Any) -> _partition.Factors:
     """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
     result has as 1) are replicated, so every element sums its contributions in index
     order as on one device (exact, deterministic) at the cost of gathering ct."""
@@ -151,7 +151,7 @@ def _scatter_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
 def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
                             avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
                             src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
-                            **params: Any) -> _lowering.Partition:
+                            **params: Any) -> _partition.Partition:
     bshape = _rows.batch_shape(avals_in, nbatch)
     ct = avals_in[0]
     shared = ct.shape[-1] == src_shape[-1]
@@ -166,7 +166,7 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
     in_specs[0] += [None] + o[nbatch + dim + 1:]
     in_specs[1] += [None]
     in_specs[2] += [None]
-    loc = [_lowering.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
+    loc = [_partition.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
     local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
 
     def local(bind: Callable[..., jax.Array], *args: jax.Array) -> jax.Array:
@@ -224,7 +224,7 @@ scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
 _lowering.register(scatter_add_p, _names.SCATTER_ADD, _scatter_lax, _scatter_native,
-                   spmd=_lowering.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
+                   spmd=_partition.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
 _compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
 _compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
 _compat.register_batcher(scatter_add_p, _scatter_batch)

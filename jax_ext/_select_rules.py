@@ -27,7 +27,7 @@ from jax import lax
 
 from jax.typing import DTypeLike
 
-from . import _compat, _lowering, _names
+from . import _compat, _compat_sharding, _lowering, _names, _partition
 from ._compat import Aval, Primal, SpecEntry, Tangent, ir
 from ._primitives import select_p
 from ._common import fmt_shape as _fmt, sum_to_shape
@@ -47,11 +47,13 @@ def _abstract_eval(cond: Aval, x: Aval, y: Aval, *, out_shape: Sequence[int],
     if cond.dtype != np.bool_ or x.dtype != y.dtype:
         raise TypeError(f"{prim}: bad dtypes cond {cond.dtype}, x {x.dtype}, y {y.dtype}")
     avals = (cond, x, y)
-    spec = _lowering.merge_specs(prim, [
-        [_compat.spec_entries(a)[j] for a, d in zip(avals, dims) for j, o2 in enumerate(d)
-         if o2 == o and a.shape[j] == n] for o, n in enumerate(out_shape)])
-    return _compat.typed_result(prim, avals, x, spec, shape=tuple(out_shape), dtype=x.dtype,
-                                weak_type=bool(x.weak_type and y.weak_type))
+    spec = _partition.merge_specs(prim, [
+        [_compat_sharding.spec_entries(a)[j] for a, d in zip(avals, dims)
+         for j, o2 in enumerate(d) if o2 == o and a.shape[j] == n]
+        for o, n in enumerate(out_shape)])
+    return _compat_sharding.typed_result(prim, avals, x, spec, shape=tuple(out_shape),
+                                         dtype=x.dtype,
+                                         weak_type=bool(x.weak_type and y.weak_type))
 
 
 def _native_lowering(ctx: _lowering.Ctx, cond: ir.Value[Any], x: ir.Value[Any],
@@ -106,7 +108,7 @@ def _lax_impl(cond: jax.Array, x: jax.Array, y: jax.Array, *, out_shape: Sequenc
 
 
 def _spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[int],
-               dims: Sequence[Sequence[int]], **_: Any) -> _lowering.Factors:
+               dims: Sequence[Sequence[int]], **_: Any) -> _partition.Factors:
     """Element-wise: an operand dim of full size shares the result dim's factor; a
     broadcast (size-1) dim gets a factor of its own, so it never limits the sharding."""
     f_out = [f"o{o}" for o in range(len(out_shape))]
@@ -117,13 +119,13 @@ def _spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[
 
 def _spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
                     avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[int],
-                    dims: Sequence[Sequence[int]], **params: Any) -> _lowering.Partition:
+                    dims: Sequence[Sequence[int]], **params: Any) -> _partition.Partition:
     """Each device selects its own block: operands sharded like the result (broadcast
     dims replicated), the kernel bound on the block's shape. Nothing is communicated."""
     o = tuple(None if n == 1 else e for n, e in zip(out_shape, o))
     in_specs = [[o[d] if a.shape[j] == out_shape[d] else None
                  for j, d in enumerate(dd)] for a, dd in zip(avals_in, dims)]
-    local_shape = tuple(_lowering.local_size(n, e, mesh_shape) for n, e in zip(out_shape, o))
+    local_shape = tuple(_partition.local_size(n, e, mesh_shape) for n, e in zip(out_shape, o))
 
     def local(bind: Callable[..., jax.Array], cond: jax.Array, x: jax.Array,
               y: jax.Array) -> jax.Array:
@@ -214,7 +216,7 @@ def _batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None
 select_p.def_impl(lambda *args, **params: _compat.apply_primitive(select_p, *args, **params))
 select_p.def_abstract_eval(_abstract_eval)
 _lowering.register(select_p, _names.SELECT, _lax_impl, _native_lowering,
-                   inspects_operands=True, spmd=_lowering.Spmd(_spmd_rule, _spmd_partition))
+                   inspects_operands=True, spmd=_partition.Spmd(_spmd_rule, _spmd_partition))
 _compat.ad.primitive_jvps[select_p] = _jvp
 _compat.ad.primitive_transposes[select_p] = _transpose
 _compat.register_batcher(select_p, _batch)

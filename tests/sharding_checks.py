@@ -38,7 +38,7 @@ jax.config.update("jax_enable_x64", X64)
 
 import jax_ext  # noqa: E402  (registers the FFI targets)
 import ml_dtypes  # noqa: E402
-from jax_ext import _compat  # noqa: E402
+from jax_ext import _compat_sharding  # noqa: E402
 from jax_ext.auto import explain as _explain  # noqa: E402
 
 COLL = re.compile(r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
@@ -700,7 +700,7 @@ if __name__ == "__main__":
             # Last: it switches the partitioner off for the process. Only where jax can
             # still select GSPMD: jax 0.12 made jax_use_shardy_partitioner a no-op (Shardy
             # is the only partitioner), so there the check would repeat the Shardy ones.
-            if _compat.GSPMD_SELECTABLE:
+            if _compat_sharding.GSPMD_SELECTABLE:
                 run_gspmd()
         name = "results.json"
     else:

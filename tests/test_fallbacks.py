@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_ext
-from jax_ext import _compat
+from jax_ext import _compat, _compat_sharding
 from jax_ext.auto import analysis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +117,7 @@ def _where_lowered(**jit):
 def test_spmd_mesh_shape_raises_in_strict_mode_where_it_would_replicate(monkeypatch):
     """A jax without mlir.ShardingContext (a moved name) would lower every sharded native
     call unpartitioned, all-gathered."""
-    monkeypatch.setattr(_compat, "ShardingContext", None)
+    monkeypatch.setattr(_compat_sharding, "ShardingContext", None)
     with pytest.raises(_compat.FallbackError, match="unpartitioned"):
         _where_lowered()
     monkeypatch.setenv(_compat.STRICT_ENV, "0")

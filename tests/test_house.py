@@ -29,11 +29,11 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(FFI), reason="needs the source
 LAYERS = [
     {"jax_ext", "jax_ext.bench", "jax_ext.bench.*", "jax_ext.onnx", "jax_ext.onnx.*"},
     {m for o in _names.OPS for m in (o.front_end, o.rules) if m},  # an op's front-end and rules
-    {"jax_ext._rows", "jax_ext._lowering", "jax_ext._primitives", "jax_ext._gather_args",
-     "jax_ext._eager"},
+    {"jax_ext._rows", "jax_ext._lowering", "jax_ext._partition", "jax_ext._primitives",
+     "jax_ext._gather_args", "jax_ext._eager"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},
-    {"jax_ext._common", "jax_ext._config", "jax_ext._compat", "jax_ext._names",
-     "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext", "jax_ext._build_info"},
+    {"jax_ext._common", "jax_ext._config", "jax_ext._compat", "jax_ext._compat_sharding",
+     "jax_ext._names", "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext", "jax_ext._build_info"},
 ]
 
 

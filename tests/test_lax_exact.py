@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_ext
-from jax_ext import _compat
+from jax_ext import _compat_sharding
 
 # bfloat16 (moved as bytes), the 8-bit floats (as uint8), float16 and float32 (as is).
 DTYPES = [ml_dtypes.bfloat16, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fn,
@@ -380,7 +380,7 @@ CHECKS = [f"{c}[{k},{i}]" for c in ("vmap_gather_batch_sharded", "vmap_gather_gr
           for k in ("auto", "explicit") for i in ("lax", "auto")] + [
     f"{c}[{k},lax,gspmd]" for c in ("vmap_gather_batch_sharded",
                                     "vmap_gather_grad_batch_sharded")
-    for k in ("auto", "explicit") if _compat.GSPMD_SELECTABLE]
+    for k in ("auto", "explicit") if _compat_sharding.GSPMD_SELECTABLE]
 # The GSPMD checks run only where jax can still select that partitioner: jax 0.12 made
 # jax_use_shardy_partitioner a no-op (Shardy is the only partitioner), so there they would
 # repeat the Shardy checks above.
@@ -403,7 +403,7 @@ def test_lax_sharded(sharded, name):
 if __name__ == "__main__" and sys.argv[1:] == ["child"]:
     jax.config.update("jax_enable_x64", True)
     res = _child_checks()
-    if _compat.GSPMD_SELECTABLE:  # see CHECKS
+    if _compat_sharding.GSPMD_SELECTABLE:  # see CHECKS
         jax.config.update("jax_use_shardy_partitioner", False)
         res.update(_child_checks(gspmd=True))
     print(json.dumps(res))

@@ -19,7 +19,7 @@ import jax
 import pytest
 
 import jax_ext
-from jax_ext import _compat
+from jax_ext import _compat_sharding
 from references import IMPLS, MESH_KINDS as KINDS, SHARDING_MATRIX as MATRIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +43,7 @@ if "jax_partitioning" in jax.config.values:
     OTHER += [f"jax_partitioning_{c}[{i}]" for c in (
         "where_blocks", "where_rows", "gather_index_sharded", "grad_gather") for i in IMPLS]
 # Only where jax can still select the GSPMD partitioner (sharding_checks.py's run_gspmd).
-if _compat.GSPMD_SELECTABLE:
+if _compat_sharding.GSPMD_SELECTABLE:
     OTHER.append("gspmd_partitioner_falls_back[auto]")
 ROUNDTRIP = ["export_roundtrip_fresh_process[1dev]", "export_roundtrip_fresh_process[4dev]"]
 

@@ -1,0 +1,196 @@
+"""How a primitive's custom call is partitioned over a device mesh: the rules an op gives
+(`Spmd`), and the two ways jax_ext lowers a partitioned call with them -- through
+custom_partitioning (Shardy propagates with the op's rule, XLA asks for each shard's
+program) and, where jax lowers an Explicit mesh's ops through shard_map (jax_partitioning),
+through a shard_map of the same per-shard computation. `_lowering.register` decides when.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _compat, _compat_sharding, _names
+from ._compat import Aval, IrValues, PartitionSpec, SpecEntry, ir
+
+mlir = _compat.mlir
+Ctx = mlir.LoweringRuleContext
+# Spmd.rule's result: a factor name per dim of each operand and of the result, and the
+# factors that must never be sharded.
+Factors = tuple[list[list[str]], list[str], tuple[str, ...]]
+# Spmd.partition's result: the operands' specs, the result's, and the local computation.
+Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
+
+
+class Spmd:
+    """How a primitive's native custom call partitions over a device mesh (see
+    `register`). Both callbacks take the primitive's operand avals, its result aval and
+    its params, and describe the dims with per-dim lists; a spec entry is what a
+    PartitionSpec holds for one dim (None, an axis name or a tuple of names).
+
+    * ``rule(avals_in, aval_out, **params) -> (factors_in, factors_out, replicated)``:
+      the Shardy sharding rule, one factor name per dim of every operand and of the
+      result (dims sharing a name are sharded alike; a factor that must never be
+      sharded -- a dim the kernel indexes globally -- is listed in `replicated`).
+    * ``partition(out_spec, mesh_shape, avals_in, aval_out, **params) -> (in_specs,
+      out_spec, local)``: given the result's spec that Shardy chose, the operand and
+      result specs the local kernel accepts (XLA reshards operands that differ) and
+      ``local(bind, *shards)``, the per-device computation, where ``bind(*args,
+      **params)`` binds the unpartitioned primitive on local shapes.
+    """
+
+    def __init__(self, rule: Callable[..., Factors],
+                 partition: Callable[..., Partition]) -> None:
+        self.rule, self.partition = rule, partition
+
+
+def rule_string(factors_in: Sequence[Sequence[str]], factors_out: Sequence[Sequence[str]]
+                ) -> str:
+    """Einsum-like Shardy rule text; a scalar is an empty entry."""
+    side: Callable[[Sequence[Sequence[str]]], str] = (
+        lambda vals: ", ".join(" ".join(f) for f in vals))
+    return f"{side(factors_in)} -> {side(factors_out)}"
+
+
+def local_size(n: int, entry: SpecEntry, mesh_shape: Mapping[str, int]) -> int:
+    """Size of one shard of a dim of size n sharded by the spec entry (ceil: XLA pads)."""
+    k = 1
+    for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+        k *= mesh_shape[a]
+    return -(-n // k)
+
+
+def merge_specs(what: str, candidates: Sequence[Sequence[SpecEntry]]) -> list[SpecEntry]:
+    """The result spec from, per result dim, the spec entries of the operand dims that
+    lie along it (None: unsharded). Two different shardings of one dim, or one mesh axis
+    on two dims, is an error, as for jax's own ops under explicit axes."""
+    out: list[SpecEntry] = []
+    used: set[str] = set()
+    for d, cands in enumerate(candidates):
+        vals = {c for c in cands if c is not None}
+        if len(vals) > 1:
+            raise _compat_sharding.ShardingTypeError(
+                f"{what}: operands shard result dim {d} differently: {sorted(map(str, vals))};"
+                " reshard one of them (jax.sharding.reshard)")
+        e = vals.pop() if vals else None
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        if used & set(axes):
+            raise _compat_sharding.ShardingTypeError(
+                f"{what}: mesh axes {sorted(used & set(axes))} would shard two result dims")
+        used |= set(axes)
+        out.append(e)
+    return out
+
+
+def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+                 params: dict[str, Any]) -> IrValues:
+    """Lowers `raw` (the unpartitioned primitive, same operands and params) through
+    custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
+    back into spmd.partition to lower one shard."""
+    from jax.sharding import NamedSharding
+
+    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
+    f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
+    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
+    fn = _compat_sharding.custom_partitioning(lambda *a: raw.bind(*a, **params))
+
+    def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
+                  result_shape: jax.ShapeDtypeStruct
+                  ) -> tuple[jax.sharding.Mesh, Callable[..., jax.Array], NamedSharding,
+                             tuple[NamedSharding, ...]]:
+        o = _compat_sharding.spec_entries(result_shape)
+        mesh_shape = dict(mesh.shape)
+        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, **params)
+        # The shard's whole computation is one equation, lowered by _shard_local_lowering
+        # (see there and _compat_sharding.no_mesh for why).
+        out = (tuple(local_size(d, e, mesh_shape) for d, e in zip(aval_out.shape, out_spec)),
+               np.dtype(aval_out.dtype))
+        body = _ShardBody(lambda *a: local(bind, *a))
+        return (mesh, lambda *a: _shard_local_p.bind(*a, body=body, out=out),
+                NamedSharding(mesh, PartitionSpec(*out_spec)),
+                tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
+
+    order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
+    fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
+                     # Shardy's verifier wants them in the order the rule introduces them.
+                     need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
+                                                           key=order.__getitem__)))
+    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
+    return rule(ctx, *args)
+
+
+def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+                  params: dict[str, Any], mesh: Any) -> IrValues:
+    """Lowers `raw` partitioned by `spmd` as a shard_map over the mesh's Explicit axes:
+    what jax does with its own ops under jax_partitioning (_compat_sharding.shard_map_partitioning),
+    where custom_partitioning has no rule. Operands whose sharding differs from the one
+    spmd.partition asks for are resharded first, as XLA would for custom_partitioning."""
+    from jax.sharding import NamedSharding
+    avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
+    want = _compat_sharding.spec_entries(aval_out)
+    mesh_shape = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, **params)
+    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
+
+    def fn(*xs: jax.Array) -> jax.Array:
+        xs = tuple(x if _compat_sharding.spec_entries(jax.typeof(x)) == tuple(s)
+                   else _compat.reshard(x, NamedSharding(mesh, PartitionSpec(*s)))
+                   for x, s in zip(xs, in_specs))
+        out: jax.Array = jax.shard_map(
+            lambda *shards: local(bind, *shards), mesh=mesh,
+            in_specs=tuple(PartitionSpec(*s) for s in in_specs),
+            out_specs=PartitionSpec(*out_spec), axis_names=set(mesh.explicit_axes),
+            check_vma=False)(*xs)
+        if tuple(out_spec) != tuple(want):
+            out = _compat.reshard(out, NamedSharding(mesh, PartitionSpec(*want)))
+        return out
+    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
+    return rule(ctx, *args)
+
+
+def partition(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
+               params: dict[str, Any]) -> IrValues:
+    """`raw` partitioned by `spmd`: through shard_map where jax lowers an Explicit mesh's
+    ops so, else through custom_partitioning."""
+    mesh = _compat_sharding.shard_map_partitioning()
+    if mesh is not None:
+        return shard_mapped(ctx, raw, spmd, args, params, mesh)
+    return partitioned(ctx, raw, spmd, args, params)
+
+
+class _ShardBody:
+    """A shard's computation as an equation parameter: hashed and compared by identity."""
+
+    def __init__(self, fn: Callable[..., jax.Array]) -> None:
+        self.fn = fn
+
+
+# One shard of a partitioned call: `body(*shards)` on local shapes, result `out` (shape,
+# dtype). XLA asks for it while it compiles, on the thread that called jit on jax 0.12,
+# where a `jax.set_mesh` of Explicit axes is still in force: any op traced there would be
+# typed on that mesh and lowered with sharding constraints the per-device program cannot
+# run. So the body is traced here, in this primitive's lowering, with untyped operands
+# and no mesh set: the per-device program is the same on every jax and under any mesh.
+_shard_local_p = _compat.Primitive(_names.SHARD_LOCAL)
+
+
+def _shard_local_abstract_eval(*avals: Aval, body: _ShardBody,
+                               out: tuple[tuple[int, ...], np.dtype[Any]]) -> Aval:
+    return jax.core.ShapedArray(out[0], out[1])
+
+
+def _shard_local_lowering(ctx: Ctx, *args: ir.Value[Any], body: _ShardBody,
+                          out: tuple[tuple[int, ...], np.dtype[Any]]) -> IrValues:
+    with _compat_sharding.no_mesh():
+        # LoweringRuleContext.replace is unannotated in jax.
+        plain = ctx.replace(  # type: ignore[no-untyped-call]
+            avals_in=[_compat_sharding.without_sharding(a) for a in ctx.avals_in],
+            avals_out=[_compat_sharding.without_sharding(a) for a in ctx.avals_out])
+        rule: mlir.LoweringRule = mlir.lower_fun(body.fn, multiple_results=False)
+        return rule(plain, *args)
+
+
+_shard_local_p.def_abstract_eval(_shard_local_abstract_eval)
+_compat.register_lowering(_shard_local_p, _shard_local_lowering)
