@@ -13,8 +13,12 @@ or :func:`jax_ext.gather`, under ``vmap`` and ``grad`` too, to standard ONNX ope
                      jax.ShapeDtypeStruct((4, 8), jnp.float32),
                      jax.ShapeDtypeStruct((1, 8), jnp.float32)])
 
-``import jax_ext`` alone never imports jax2onnx. The guide's "Exporting back to ONNX"
-section lists what each primitive becomes and which bits a runtime changes.
+The exported graphs move values bit for bit in onnxruntime and OpenVINO (``-0.0`` and NaN
+payloads included) at every opset jax2onnx writes; ``with jax_ext.onnx.plain_where():``
+around ``to_onnx`` exports selects as the runtime's own ``Where`` instead, for users who
+need values, not bits. ``import jax_ext`` alone never imports jax2onnx. The guide's
+"Exporting back to ONNX" section lists what each primitive becomes and which bits a
+runtime changes.
 """
 from __future__ import annotations
 
@@ -22,15 +26,17 @@ import warnings
 
 from .. import _primitives
 from . import _graphs, _plugins
-from ._graphs import Unsupported
+from ._graphs import Unsupported, plain_where
 from ._plugins import interface_problems
 
-__all__ = ["PRIMITIVES", "Unsupported", "interface_problems"]
+__all__ = ["PRIMITIVES", "Unsupported", "interface_problems", "plain_where"]
 
 # primitive name -> (its lowering, the ONNX operators it uses)
 _LOWERINGS = {
-    _primitives.select_p.name: (_graphs.select, ("Where", "Transpose", "Unsqueeze", "Expand",
-                                                  "Cast", "BitCast")),
+    _primitives.select_p.name: (_graphs.select, ("GatherElements", "Concat", "Unsqueeze",
+                                                  "Squeeze", "Expand", "Cast", "Transpose",
+                                                  "Gather", "Shape", "Slice",
+                                                  "ConstantOfShape", "Where")),
     _primitives.gather_p.name: (_graphs.gather, ("Gather", "Concat", "Pad", "Where", "Range",
                                                   "Reshape")),
     _primitives.scatter_add_p.name: (_graphs.scatter_add, ("ScatterND", "ConstantOfShape",

@@ -1,20 +1,24 @@
 """The ONNX graphs of jax_ext's three primitives, from standard operators only.
 
 Each function here gets an :class:`~jax_ext.onnx._plugins.Emitter`, the equation's params
-and avals, and returns the result's value. Values move bit for bit where the operators
-allow it: rows move by ``Gather`` (a copy in every runtime tried), and every decision
-(in range, before ``num_indices``, a padding column) is integer arithmetic on int64
-indices, so no float value passes through arithmetic. ``Where`` moves values only in the
-select, because that is the select; where onnxruntime has no ``Where`` kernel for a dtype
-the values take an exact detour (bool, int16, uint16, uint64: a ``Cast`` to a wider type
-and back; bfloat16: a ``Gather`` of its elements), and from opset 26 on float values are
-moved as their bits (``BitCast``), which onnxruntime's float ``Where`` does not keep (it
-turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs into ``0x7e00``).
+and avals, and returns the result's value. Values move bit for bit: they only ever pass
+through operators that copy bytes (``Gather``, ``GatherElements``, ``Concat``, ``Expand``,
+reshapes), and every decision (which operand, in range, before ``num_indices``, a padding
+column) is integer arithmetic on indices, so no value passes through arithmetic or a
+``Where``. onnxruntime's ``Where`` rewrites bits (a ``-0.0`` taken from ``x`` comes out
+``+0.0``; float16 runs through float32 casts that rewrite NaNs) and has no kernel for bool,
+int16, uint16, uint64 or bfloat16; ``BitCast`` (opset 26) would keep float bits there, but
+OpenVINO cannot read it. The select is therefore a ``GatherElements`` over the two operands
+stacked along a new leading axis, indexed by the condition as int32: it copies bytes for
+every dtype, at every opset, in both runtimes, and is faster in onnxruntime than its own
+``Where``. :func:`plain_where` switches the dtypes that have a ``Where`` kernel back to it.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -24,14 +28,12 @@ from ._plugins import Emitter, Value, onnx_type, tensor as _tensor
 I64 = np.int64
 Size: TypeAlias = int | Value  # a static extent, or an int64 scalar computed in the graph
 
-# Where onnxruntime has no Where kernel: the dtype the values are cast to, exactly, and back.
-WHERE_VIA = {"bool": "uint8", "int16": "int32", "uint16": "int32", "uint64": "int64"}
-# Where onnxruntime has no Where kernel and no exact Cast detour (a float32 Where, then
-# bfloat16 again, quiets NaN payloads): selected by moving every element with Gather.
-WHERE_BY_GATHER = {"bfloat16"}
-# From opset 26 (BitCast) float values are selected as their bits.
-BITS_OF = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
-BITCAST_OPSET = 26
+# The dtypes onnxruntime has a Where kernel for (float16 through its float32 casts): the
+# ones plain_where() selects with Where. The others keep the exact graph, which runs.
+PLAIN_WHERE = {"int8", "uint8", "int32", "uint32", "int64", "float16", "float32", "float64"}
+# What carries the condition into GatherElements (int32 indices move half of int64's bytes).
+INDEX = np.int32
+MIN_OPSET = 13
 # Dtypes the exported graphs carry: ONNX and onnxruntime both have them.
 SUPPORTED = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
              "float16", "bfloat16", "float32", "float64"}
@@ -116,41 +118,6 @@ def _align(g: Emitter, v: Value, d: Sequence[int], rank: int) -> Value:
     return _unsqueeze(g, v, [o for o in range(rank) if o not in d])
 
 
-def where(g: Emitter, c: Value, x: Value, y: Value, dtype: Any) -> Value:
-    """ONNX Where with exact detours for what onnxruntime lacks or rewrites."""
-    dt = np.dtype(dtype)
-    if g.opset >= BITCAST_OPSET and dt.name in BITS_OF:
-        bits = np.dtype(BITS_OF[dt.name])
-        xb, yb = (g.op("BitCast", a, to=onnx_type(bits)) for a in (x, y))
-        return g.op("BitCast", where(g, c, xb, yb, bits), to=onnx_type(dt))
-    if dt.name in WHERE_VIA:
-        via = np.dtype(WHERE_VIA[dt.name])
-        return _cast(g, where(g, c, _cast(g, x, via), _cast(g, y, via), via), dt)
-    if dt.name in WHERE_BY_GATHER:
-        return _where_by_gather(g, c, x, y)
-    return g.op("Where", c, x, y)
-
-
-def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
-    """(v's element count, each element's flat position + start, in v's shape)."""
-    size = _size(g, v)
-    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
-    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
-
-
-def _where_by_gather(g: Emitter, c: Value, x: Value, y: Value) -> Value:
-    """Where(c, x, y) that only copies: x and y end to end, and one Gather at positions
-    chosen by an int64 Where (which broadcasts the three as Where does)."""
-    size, px = _positions(g, x)
-    _, py = _positions(g, y, size)
-    return g.op("Gather", _flat_concat(g, x, y), g.op("Where", c, px, py), axis=0)
-
-
-def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
-    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
-                axis=0)
-
-
 def _like(g: Emitter, v: Value, ref: Value) -> Value:
     """v in ref's element type: jax2onnx's enable_double_precision makes float tensors
     float64 but may leave a float32 literal as it is."""
@@ -166,19 +133,104 @@ def _covered(avals: Sequence[Any], dims: Sequence[Sequence[int]],
                for o, n in enumerate(out_shape))
 
 
-def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
-    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze), one
-    Where, and an Expand where no operand spans a result dim."""
-    _check_dtype("select", out.dtype)
-    out_shape, dims = params["out_shape"], params["dims"]
-    c, x, y = (_align(g, v, d, len(out_shape)) for v, d in zip(g.inputs(), dims))
-    res = where(g, c, x, _like(g, y, x), g.dtype(x))
-    if not _covered(avals, dims, out_shape):
-        if not all(_static(n) for n in out_shape):
+_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_ext_onnx_plain_where",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def plain_where() -> Iterator[None]:
+    """Within the block, ``jax2onnx.to_onnx`` exports select, where and where3 of the
+    dtypes onnxruntime has a ``Where`` kernel for (int8, uint8, int32, uint32, int64,
+    float16, float32, float64) as one ``Where``: the runtime's own operator, with its own
+    bits (onnxruntime's turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs
+    into ``0x7e00``). Outside it, and for the other dtypes, the export copies bytes."""
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
+
+
+def _aligned_shape(aval: Any, d: Sequence[int], rank: int) -> list[Any]:
+    """The shape of an operand laid along result dims `d` by :func:`_align`."""
+    shape: list[Any] = [1] * rank
+    for j, o in enumerate(d):
+        shape[o] = aval.shape[j]
+    return shape
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(
+        (int(p) == int(q)) if _static(p) and _static(q) else (not _static(p) and not
+                                                             _static(q) and str(p) == str(q))
+        for p, q in zip(a, b))
+
+
+def _result_shape(g: Emitter, vals: Sequence[Value], shapes: Sequence[Sequence[Any]],
+                  out_shape: Sequence[Any]) -> Value:
+    """The result's shape as an int64 vector: constant where static, a symbolic dim read
+    from an operand that spans it (jax requires it to be that operand's extent)."""
+    if all(_static(n) for n in out_shape):
+        return _c(g, [int(n) for n in out_shape])
+    parts = []
+    for o, n in enumerate(out_shape):
+        if _static(n):
+            parts.append(_c(g, [int(n)]))
+            continue
+        k = next((k for k, s in enumerate(shapes) if not _is_one(s[o])), None)
+        if k is None:
             raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic result "
                               f"dim {tuple(out_shape)} has no ONNX export yet")
-        res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
-    return res
+        parts.append(g.op("Shape", vals[k], start=o, end=o + 1))
+    return g.op("Concat", *parts, axis=0)
+
+
+def _broadcast(g: Emitter, v: Value, shape: Sequence[Any], out_shape: Sequence[Any],
+               full: Value) -> Value:
+    """v (of `shape`) broadcast to `out_shape` (the int64 vector `full`) by copies:
+    ``Expand``, or for bfloat16, which onnxruntime's Expand lacks, a ``Gather`` of index 0
+    along each dim v lacks."""
+    if _same(shape, out_shape):
+        return v
+    if g.dtype(v).name != "bfloat16":
+        return g.op("Expand", v, full)
+    for o, (a, n) in enumerate(zip(shape, out_shape)):
+        if _is_one(a) and not _is_one(n):
+            ext = g.op("Slice", full, _c(g, [o]), _c(g, [o + 1]))
+            zeros = g.op("ConstantOfShape", ext, value=_tensor(np.zeros(1, I64)))
+            v = g.op("Gather", v, zeros, axis=o)
+    return v
+
+
+def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
+    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze), `x` and
+    `y` broadcast to it and stacked (`y` first), and one ``GatherElements`` at the
+    condition as int32 (1 takes `x`). Under :func:`plain_where`, one ``Where``."""
+    _check_dtype("select", out.dtype)
+    if g.opset < MIN_OPSET:
+        raise Unsupported(f"jax_ext.onnx: select needs opset {MIN_OPSET} or later (Squeeze and "
+                          f"Unsqueeze take their axes as inputs), not {g.opset}")
+    out_shape, dims = params["out_shape"], params["dims"]
+    rank = len(out_shape)
+    c, x, y = (_align(g, v, d, rank) for v, d in zip(g.inputs(), dims))
+    y = _like(g, y, x)
+    shapes = [_aligned_shape(a, d, rank) for a, d in zip(avals, dims)]
+    if _PLAIN.get() and g.dtype(x).name in PLAIN_WHERE:
+        res = g.op("Where", c, x, y)
+        if not _covered(avals, dims, out_shape):
+            if not all(_static(n) for n in out_shape):
+                raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic "
+                                  f"result dim {tuple(out_shape)} has no ONNX export yet")
+            res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
+        return res
+    full = _result_shape(g, [c, x, y], shapes, out_shape)
+    stacked = g.op("Concat", *(_unsqueeze(g, _broadcast(g, v, s, out_shape, full), [0])
+                               for v, s in ((y, shapes[2]), (x, shapes[1]))), axis=0)
+    index = _unsqueeze(g, _cast(g, c, INDEX), [0])
+    if not _same(shapes[0], out_shape):
+        index = g.op("Expand", index, g.op("Concat", _c(g, [1]), full, axis=0))
+    picked = g.op("GatherElements", stacked, index, axis=0)
+    return g.op("Squeeze", picked, _c(g, [0]))
 
 
 # --- rows: which are real, and where they are (gather and scatter-add) ------------------
@@ -287,6 +339,18 @@ def _prod(g: Emitter, sizes: Sequence[Size]) -> Size:
 def _size(g: Emitter, v: Value) -> Value:
     """The element count of v (onnxruntime's Size has no bfloat16 kernel)."""
     return g.op("ReduceProd", g.op("Shape", v), keepdims=0)
+
+
+def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
+    """(v's element count, each element's flat position + start, in v's shape)."""
+    size = _size(g, v)
+    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
+    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
+
+
+def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
+    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
+                axis=0)
 
 
 def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
