@@ -34,6 +34,9 @@ PLAIN_WHERE = {"int8", "uint8", "int32", "uint32", "int64", "float16", "float32"
 # What carries the condition into GatherElements (int32 indices move half of int64's bytes).
 INDEX = np.int32
 MIN_OPSET = 13
+# A select whose condition is constant along rows of at least this many elements moves
+# whole rows (one Gather at a position per row) rather than elements (GatherElements).
+ROW_MIN = 16
 # Dtypes the exported graphs carry: ONNX and onnxruntime both have them.
 SUPPORTED = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
              "float16", "bfloat16", "float32", "float64"}
@@ -223,6 +226,9 @@ def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
                                   f"result dim {tuple(out_shape)} has no ONNX export yet")
             res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
         return res
+    tail = _row_tail(shapes[0], out_shape)
+    if tail:
+        return _select_rows(g, c, x, y, shapes, [int(n) for n in out_shape], tail)
     full = _result_shape(g, [c, x, y], shapes, out_shape)
     stacked = g.op("Concat", *(_unsqueeze(g, _broadcast(g, v, s, out_shape, full), [0])
                                for v, s in ((y, shapes[2]), (x, shapes[1]))), axis=0)
@@ -231,6 +237,42 @@ def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
         index = g.op("Expand", index, g.op("Concat", _c(g, [1]), full, axis=0))
     picked = g.op("GatherElements", stacked, index, axis=0)
     return g.op("Squeeze", picked, _c(g, [0]))
+
+
+def _row_tail(c_shape: Sequence[Any], out_shape: Sequence[Any]) -> int:
+    """How many trailing result dims the condition is constant along, where they make
+    rows of at least ROW_MIN elements of a static result (else 0): such a select moves
+    whole rows."""
+    if not all(_static(n) for n in out_shape):
+        return 0
+    k = 0
+    while k < len(out_shape) and _is_one(c_shape[len(out_shape) - 1 - k]):
+        k += 1
+    return k if k and math.prod(int(n) for n in out_shape[len(out_shape) - k:]) >= ROW_MIN else 0
+
+
+def _select_rows(g: Emitter, c: Value, x: Value, y: Value, shapes: Sequence[Sequence[Any]],
+                 out_shape: Sequence[int], tail: int) -> Value:
+    """A select whose condition picks whole rows (the last `tail` dims): the rows of `x`
+    and of `y` (each broadcast along the row dims only) end to end, and one ``Gather`` of
+    rows at int64 positions from an integer ``Where`` over the leading dims. Rows move
+    twice (``Concat``, ``Gather``); the positions are one per row."""
+    lead = len(out_shape) - tail
+    row = math.prod(out_shape[lead:])
+    parts, starts, total = [], [], 0
+    for v, s in ((x, shapes[1]), (y, shapes[2])):
+        s = [int(d) for d in s]
+        want = s[:lead] + list(out_shape[lead:])
+        v = _broadcast(g, v, s, want, _c(g, want))
+        parts.append(g.op("Reshape", v, _c(g, [-1, row])))
+        n = math.prod(s[:lead])
+        starts.append(g.op("Reshape", g.op("Range", _c(g, total), _c(g, total + n), _c(g, 1)),
+                           _c(g, s[:lead])))
+        total += n
+    cond = g.op("Reshape", c, _c(g, [int(d) for d in shapes[0][:lead]]))
+    index = g.op("Where", cond, starts[0], starts[1])  # integer positions: exact
+    picked = g.op("Gather", g.op("Concat", *parts, axis=0), index, axis=0)
+    return g.op("Reshape", picked, _c(g, list(out_shape)))
 
 
 # --- rows: which are real, and where they are (gather and scatter-add) ------------------
@@ -323,6 +365,9 @@ def gather(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
     per = math.prod(sdims) if all(isinstance(s, int) for s in sdims) else _prod(g, sdims)
     row = _arith(g, "Add", row, _batch_offset(g, bext, full, per, nb + 1))
     assert not isinstance(row, int) and not isinstance(valid, bool)  # src is not empty
+    # Along the batch dims pad spans too (vmap of pad alone): the rows come out full there.
+    row = g.op("Add", row, _unsqueeze(g, g.op("ConstantOfShape", g.op("Shape", pad),
+                                              value=_tensor(np.zeros(1, I64))), [-1]))
     rows = g.op("Gather", g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1)),
                 row, axis=0)
     return _pad_elements(g, rows, pad, valid, nb + 1, len(sshape) - dim - 1,
@@ -356,18 +401,28 @@ def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
 def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
                   extra: int) -> Value:
     """Every result element from `rows` (shape (batch..., n, *mid, last): `lead` dims
-    before the `tail` ones of a row) or from `pad` (one value per batch element): one
-    Gather from the two end to end, at int64 positions where -1 first marks pad rows and
-    the `extra` padding columns."""
-    size, pos = _positions(g, rows)
+    before the `tail` ones of a row) or from `pad` (one value per batch element, dims
+    aligned with the batch dims), moved by copies only: the pad rows (where `valid` is
+    false) overwritten by one ``ScatterND`` with their batch element's pad value (a
+    ``Gather`` from `pad`), then the `extra` padding columns appended (``Concat``) as a
+    ``Gather`` from `pad` too. Row-level work, so the cost follows the rows, not an index
+    per element."""
+    lead_shape = g.op("Shape", rows, end=lead)
+    invalid = g.op("Not", g.op("Expand", valid, lead_shape))
+    where_pad = g.op("Transpose", g.op("NonZero", invalid), perm=[1, 0])  # (K, lead)
+    flat_pad = g.op("Reshape", pad, _c(g, [-1]))
+    _, pad_pos = _positions(g, pad)  # pad's flat positions, in pad's shape
+    row_pad = g.op("GatherND", g.op("Expand", _unsqueeze(g, pad_pos, [-1]), lead_shape),
+                   where_pad)  # (K,): the pad value of each pad row
+    if tail:
+        row_pad = g.op("Expand", _unsqueeze(g, row_pad, list(range(1, tail + 1))), g.op(
+            "Concat", _c(g, [1]), g.op("Shape", rows, start=lead), axis=0))
+    out = g.op("ScatterND", rows, where_pad, g.op("Gather", flat_pad, row_pad, axis=0))
     if extra:
-        pads = [0] * (2 * (lead + tail) - 1) + [extra]
-        pos = g.op("Pad", pos, _c(g, pads), _c(g, -1))
-    pos = g.op("Where", _unsqueeze(g, valid, list(range(-tail, 0))), pos, _c(g, -1))
-    _, pad_pos = _positions(g, pad, size)
-    pad_pos = _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0)))
-    pos = g.op("Where", g.op("Less", pos, _c(g, 0)), pad_pos, pos)
-    return g.op("Gather", _flat_concat(g, rows, pad), pos, axis=0)
+        cols = g.op("Concat", g.op("Shape", rows, end=lead + tail - 1), _c(g, [extra]), axis=0)
+        col_pad = g.op("Expand", _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0))), cols)
+        out = g.op("Concat", out, g.op("Gather", flat_pad, col_pad, axis=0), axis=-1)
+    return out
 
 
 # --- scatter-add (gather's gradient) ---------------------------------------------------

@@ -185,7 +185,7 @@ def _out_dtype(op_type: str, inputs: Sequence[Value], attrs: Mapping[str, Any]) 
         return ir.DataType(attrs["to"])
     if op_type in _BOOL_OPS:
         return ir.DataType.BOOL
-    if op_type in ("Shape", "Size"):
+    if op_type in ("Shape", "Size", "NonZero"):
         return ir.DataType.INT64
     if op_type == "ConstantOfShape":
         return attrs["value"].dtype
