@@ -74,7 +74,8 @@ def _export(fn: Callable[..., Any], args: Sequence[np.ndarray[Any, Any]], plain:
 
     import jax_ext.onnx
 
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype)  # type: ignore[no-untyped-call]
+             for a in args]
     with jax_ext.onnx.plain_where() if plain else contextlib.nullcontext():
         return to_onnx(fn, specs)
 
