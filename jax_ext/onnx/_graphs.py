@@ -264,7 +264,7 @@ def _select_rows(g: Emitter, c: Value, x: Value, y: Value, shapes: Sequence[Sequ
         s = [int(d) for d in s]
         want = s[:lead] + list(out_shape[lead:])
         v = _broadcast(g, v, s, want, _c(g, want))
-        parts.append(g.op("Reshape", v, _c(g, [-1, row])))
+        parts.append(v if (lead, tail) == (1, 1) else g.op("Reshape", v, _c(g, [-1, row])))
         n = math.prod(s[:lead])
         starts.append(g.op("Reshape", g.op("Range", _c(g, total), _c(g, total + n), _c(g, 1)),
                            _c(g, s[:lead])))
@@ -272,7 +272,7 @@ def _select_rows(g: Emitter, c: Value, x: Value, y: Value, shapes: Sequence[Sequ
     cond = g.op("Reshape", c, _c(g, [int(d) for d in shapes[0][:lead]]))
     index = g.op("Where", cond, starts[0], starts[1])  # integer positions: exact
     picked = g.op("Gather", g.op("Concat", *parts, axis=0), index, axis=0)
-    return g.op("Reshape", picked, _c(g, list(out_shape)))
+    return picked if tail == 1 else g.op("Reshape", picked, _c(g, list(out_shape)))
 
 
 # --- rows: which are real, and where they are (gather and scatter-add) ------------------
@@ -368,9 +368,12 @@ def gather(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
     # Along the batch dims pad spans too (vmap of pad alone): the rows come out full there.
     row = g.op("Add", row, _unsqueeze(g, g.op("ConstantOfShape", g.op("Shape", pad),
                                               value=_tensor(np.zeros(1, I64))), [-1]))
-    rows = g.op("Gather", g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1)),
-                row, axis=0)
-    return _pad_elements(g, rows, pad, valid, nb + 1, len(sshape) - dim - 1,
+    table = g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1))
+    rows = g.op("Gather", table, row, axis=0)
+    # The rows' shape, read from the index and the table: a node reading `rows` would keep
+    # onnxruntime from overwriting it in place (ScatterND) and cost a copy.
+    shape = g.op("Concat", g.op("Shape", row), g.op("Shape", table, start=1), axis=0)
+    return _pad_elements(g, rows, shape, pad, valid, nb + 1, len(sshape) - dim - 1,
                          row_len - sshape[-1])
 
 
@@ -398,16 +401,16 @@ def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
                 axis=0)
 
 
-def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
-                  extra: int) -> Value:
-    """Every result element from `rows` (shape (batch..., n, *mid, last): `lead` dims
+def _pad_elements(g: Emitter, rows: Value, shape: Value, pad: Value, valid: Value, lead: int,
+                  tail: int, extra: int) -> Value:
+    """Every result element from `rows` (of `shape`, (batch..., n, *mid, last): `lead` dims
     before the `tail` ones of a row) or from `pad` (one value per batch element, dims
     aligned with the batch dims), moved by copies only: the pad rows (where `valid` is
     false) overwritten by one ``ScatterND`` with their batch element's pad value (a
     ``Gather`` from `pad`), then the `extra` padding columns appended (``Concat``) as a
     ``Gather`` from `pad` too. Row-level work, so the cost follows the rows, not an index
     per element."""
-    lead_shape = g.op("Shape", rows, end=lead)
+    lead_shape = g.op("Slice", shape, _c(g, [0]), _c(g, [lead]))
     invalid = g.op("Not", g.op("Expand", valid, lead_shape))
     where_pad = g.op("Transpose", g.op("NonZero", invalid), perm=[1, 0])  # (K, lead)
     flat_pad = g.op("Reshape", pad, _c(g, [-1]))
@@ -416,10 +419,12 @@ def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, 
                    where_pad)  # (K,): the pad value of each pad row
     if tail:
         row_pad = g.op("Expand", _unsqueeze(g, row_pad, list(range(1, tail + 1))), g.op(
-            "Concat", _c(g, [1]), g.op("Shape", rows, start=lead), axis=0))
+            "Concat", _c(g, [1]), g.op("Slice", shape, _c(g, [lead]), _c(g, [lead + tail])),
+            axis=0))
     out = g.op("ScatterND", rows, where_pad, g.op("Gather", flat_pad, row_pad, axis=0))
     if extra:
-        cols = g.op("Concat", g.op("Shape", rows, end=lead + tail - 1), _c(g, [extra]), axis=0)
+        cols = g.op("Concat", g.op("Slice", shape, _c(g, [0]), _c(g, [lead + tail - 1])),
+                    _c(g, [extra]), axis=0)
         col_pad = g.op("Expand", _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0))), cols)
         out = g.op("Concat", out, g.op("Gather", flat_pad, col_pad, axis=0), axis=-1)
     return out
