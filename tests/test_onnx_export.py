@@ -71,7 +71,15 @@ for path in sys.argv[1:]:
     d = np.load(path, allow_pickle=False)
     model = core.read_model(d["model"].tobytes(), b"")
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    res = compiled([d[f"arg{i}"] for i in range(int(d["n"]))])
+    args = []
+    for i, port in enumerate(compiled.inputs):
+        a = d[f"arg{i}"]
+        if port.get_element_type() == ov.Type.bf16:  # its bits, into a bfloat16 tensor
+            t = ov.Tensor(ov.Type.bf16, ov.Shape(list(a.shape)))
+            t.data.view(np.uint16)[...] = a
+            a = t
+        args.append(a)
+    res = compiled(args)
     np.savez(path + ".out.npz", *[res[o] for o in compiled.outputs])
 """
 
@@ -269,11 +277,18 @@ FRONT_ENDS = {
 }
 
 
+# The gather in the same graph: pad rows (out of range, negative) and, for narrow dtypes,
+# the padding columns of align_bytes=32, from a table with the special values and a pad
+# value of special bits.
+GATHER_INDEX = np.array([0, 5, -1, 9, 2, 5], np.int32)
+
+
 def front_end_inputs(dtype):
-    """(c, x, y) for every front-end: x and y start with the special values end to end
-    (y's in reverse; three times, or their first two rows), random bits after; conditions random but for their first two
-    rows, which alternate and are each other's negation, so every special value is taken
-    from both sides."""
+    """(c, x, y) for every front-end, then the gather's (table, pad value): x and y start
+    with the special values end to end (y's in reverse; three times, or their first two
+    rows), random bits after; conditions random but for their first two rows, which
+    alternate and are each other's negation, so every special value is taken from both
+    sides."""
     rng = np.random.default_rng(53)
     sp, args = specials(dtype), []
     for _, shapes, _ in FRONT_ENDS.values():
@@ -287,14 +302,17 @@ def front_end_inputs(dtype):
             n = min(v.size, max(3 * vals.size, v[:2].size if v.ndim else 1))
             v.flat[:n] = np.resize(vals, n)
             args.append(v)
-    return args
+    table = random_values(rng, (6, 8), dtype)
+    table[:3] = np.resize(sp, (3, 8))
+    return args + [table, sp[2 % sp.size]]
 
 
 def front_ends_program(*args):
     outs = []
     for k, (fn, _, _) in enumerate(FRONT_ENDS.values()):
         outs += fn(*args[3 * k:3 * k + 3])
-    return tuple(outs)
+    table, pad = args[-2:]
+    return (*outs, jax_ext.gather(table, [0], 0, GATHER_INDEX, pad_value=pad))
 
 
 def numpy_front_ends(args):
@@ -304,12 +322,14 @@ def numpy_front_ends(args):
         for cc, xx, yy in ref(c, x, y):
             shape = np.broadcast_shapes(np.shape(cc), np.shape(xx), np.shape(yy))
             outs.append(np_select(cc, xx, yy, shape))
-    return outs
+    table, pad = args[-2:]
+    return outs + [ref_gather(table, (0,), 0, GATHER_INDEX, pad_value=pad)]
 
 
 def output_names():
     return [f"{name}[{i}]" for name, (fn, shapes, ref) in FRONT_ENDS.items()
-            for i in range(len(ref(np.ones(shapes[0], bool), np.zeros(1), np.zeros(1))))]
+            for i in range(len(ref(np.ones(shapes[0], bool), np.zeros(1), np.zeros(1))))
+            ] + ["gather"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,7 +372,7 @@ def test_special_values_come_from_both_sides():
         k = 0
         for name, (_, _, ref) in FRONT_ENDS.items():
             c, x, y = args[k:k + 3]
-            k += 3
+            k += 3  # (the gather's table and pad value follow the selects')
             taken_x, taken_y = set(), set()
             for cc, xx, yy in ref(c, x, y):
                 shape = np.broadcast_shapes(np.shape(cc), np.shape(xx), np.shape(yy))
@@ -367,8 +387,9 @@ def test_special_values_come_from_both_sides():
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_front_ends_onnxruntime(dtype, opset):
-    """Every front-end and broadcasting form, one graph per dtype and opset: onnxruntime
-    gives jax_ext's bits, -0.0 and NaN payloads of both signs from both sides included."""
+    """Every front-end and broadcasting form, and a gather, one graph per dtype and opset:
+    onnxruntime gives jax_ext's bits, -0.0 and NaN payloads of both signs from both sides
+    included."""
     model, args, want = front_ends_case(np.dtype(dtype).name, opset)
     assert selected_types(model) <= {onnx.TensorProto.INT64}  # a Where moves positions only
     assert_outputs(run_ort(model, args, want), want, f"onnxruntime, opset {opset}")
