@@ -803,3 +803,12 @@ def test_openvino_runs_the_export(case, tmp_path):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         else:
             assert_bits_equal(np.asarray(g).astype(w.dtype), w)
+
+
+def test_speed_script_runs(capsys):
+    """The guide's speed table's command, on small arrays: it checks every side's outputs
+    against jax_ext's (the exact export's bits) before timing, and prints the table."""
+    from jax_ext.bench import onnx_export
+    assert onnx_export.main(["--quick", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| where ") == 2 and "| embedding " in out
