@@ -4,7 +4,7 @@
 "jax_ext[onnx]"``) jax_ext's three primitives; ``jax2onnx.to_onnx`` then converts a
 function that calls :func:`jax_ext.select`, :func:`jax_ext.where`, :func:`jax_ext.where3`
 or :func:`jax_ext.gather`, under ``vmap`` and ``grad`` too, to standard ONNX operators
-(``Where``, ``Gather``, ``Pad``, ``ScatterND``, ...) that onnxruntime and OpenVINO run::
+(``GatherElements``, ``Gather``, ``ScatterND``, ...) that onnxruntime and OpenVINO run::
 
     import jax, jax.numpy as jnp, jax_ext, jax_ext.onnx
     from jax2onnx import to_onnx
@@ -37,8 +37,8 @@ _LOWERINGS = {
                                                   "Squeeze", "Expand", "Cast", "Transpose",
                                                   "Gather", "Shape", "Slice",
                                                   "ConstantOfShape", "Where")),
-    _primitives.gather_p.name: (_graphs.gather, ("Gather", "Concat", "Pad", "Where", "Range",
-                                                  "Reshape")),
+    _primitives.gather_p.name: (_graphs.gather, ("Gather", "ScatterND", "NonZero", "GatherND",
+                                                  "Concat", "Expand", "Range", "Reshape")),
     _primitives.scatter_add_p.name: (_graphs.scatter_add, ("ScatterND", "ConstantOfShape",
                                                             "Expand", "Slice", "Cast")),
 }

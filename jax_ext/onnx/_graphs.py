@@ -3,15 +3,18 @@
 Each function here gets an :class:`~jax_ext.onnx._plugins.Emitter`, the equation's params
 and avals, and returns the result's value. Values move bit for bit: they only ever pass
 through operators that copy bytes (``Gather``, ``GatherElements``, ``Concat``, ``Expand``,
-reshapes), and every decision (which operand, in range, before ``num_indices``, a padding
-column) is integer arithmetic on indices, so no value passes through arithmetic or a
-``Where``. onnxruntime's ``Where`` rewrites bits (a ``-0.0`` taken from ``x`` comes out
-``+0.0``; float16 runs through float32 casts that rewrite NaNs) and has no kernel for bool,
-int16, uint16, uint64 or bfloat16; ``BitCast`` (opset 26) would keep float bits there, but
-OpenVINO cannot read it. The select is therefore a ``GatherElements`` over the two operands
-stacked along a new leading axis, indexed by the condition as int32: it copies bytes for
-every dtype, at every opset, in both runtimes, and is faster in onnxruntime than its own
-``Where``. :func:`plain_where` switches the dtypes that have a ``Where`` kernel back to it.
+``ScatterND`` without reduction, reshapes), and every decision (which operand, in range,
+before ``num_indices``, a pad row, a padding column) is integer arithmetic on indices, so
+no value passes through arithmetic or a ``Where``. onnxruntime's ``Where`` rewrites bits (a
+``-0.0`` taken from ``x`` comes out ``+0.0``; float16 runs through float32 casts that
+rewrite NaNs) and has no kernel for bool, int16, uint16, uint64 or bfloat16; ``BitCast``
+(opset 26) would keep float bits there, but OpenVINO cannot read it. So the select is a
+``GatherElements`` over the two operands stacked along a new leading axis, indexed by the
+condition as int32, or, where the condition picks whole rows, one ``Gather`` of rows at
+integer positions: both copy bytes for every dtype, at every opset, in both runtimes, and
+run faster in onnxruntime than its own ``Where``. :func:`plain_where` switches the dtypes
+that have a ``Where`` kernel back to it. The gather moves rows by ``Gather`` and replaces
+pad rows by one ``ScatterND``: work per row, not an index per element.
 """
 from __future__ import annotations
 
@@ -206,8 +209,9 @@ def _broadcast(g: Emitter, v: Value, shape: Sequence[Any], out_shape: Sequence[A
 
 
 def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
-    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze), `x` and
-    `y` broadcast to it and stacked (`y` first), and one ``GatherElements`` at the
+    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze); then
+    whole rows moved (:func:`_select_rows`) where the condition picks rows, else `x` and
+    `y` broadcast to the result and stacked (`y` first) and one ``GatherElements`` at the
     condition as int32 (1 takes `x`). Under :func:`plain_where`, one ``Where``."""
     _check_dtype("select", out.dtype)
     if g.opset < MIN_OPSET:
@@ -389,16 +393,9 @@ def _size(g: Emitter, v: Value) -> Value:
     return g.op("ReduceProd", g.op("Shape", v), keepdims=0)
 
 
-def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
-    """(v's element count, each element's flat position + start, in v's shape)."""
-    size = _size(g, v)
-    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
-    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
-
-
-def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
-    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
-                axis=0)
+def _positions(g: Emitter, v: Value) -> Value:
+    """Each element's flat position in v, in v's shape (int64)."""
+    return g.op("Reshape", g.op("Range", _c(g, 0), _size(g, v), _c(g, 1)), g.op("Shape", v))
 
 
 def _pad_elements(g: Emitter, rows: Value, shape: Value, pad: Value, valid: Value, lead: int,
@@ -414,7 +411,7 @@ def _pad_elements(g: Emitter, rows: Value, shape: Value, pad: Value, valid: Valu
     invalid = g.op("Not", g.op("Expand", valid, lead_shape))
     where_pad = g.op("Transpose", g.op("NonZero", invalid), perm=[1, 0])  # (K, lead)
     flat_pad = g.op("Reshape", pad, _c(g, [-1]))
-    _, pad_pos = _positions(g, pad)  # pad's flat positions, in pad's shape
+    pad_pos = _positions(g, pad)
     row_pad = g.op("GatherND", g.op("Expand", _unsqueeze(g, pad_pos, [-1]), lead_shape),
                    where_pad)  # (K,): the pad value of each pad row
     if tail:
