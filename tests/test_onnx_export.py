@@ -260,6 +260,8 @@ FRONT_ENDS = {
                     [(6, 8), (6, 8), (6, 8)], lambda c, x, y: [(c, x, y)]),
     "where_3way": (lambda c, x, y: [jax_ext.where(c, x, y)], [(2, 1, 8), (8, 1), (1, 8)],
                    lambda c, x, y: [(c, x, y)]),
+    "where_rows_broadcast": (lambda c, x, y: [jax_ext.where(c, x, y)],
+                             [(2, 8, 1), (2, 8, 16), (2, 8, 1)], lambda c, x, y: [(c, x, y)]),
     "where3_elementwise": (lambda c, x, y: [jax_ext.where3(c, x, y)], [(6, 8), (6, 8), (6, 8)],
                            lambda c, x, y: [(c, x, y)]),
     "where3_short_rows": (lambda c, x, y: [jax_ext.where3(c, x, y)], [(6,), (6, 4, 2), (6, 4, 2)],
