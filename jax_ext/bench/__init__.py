@@ -7,6 +7,8 @@ header), ``plot``, the cases per op (``select``, ``gather``), whole ``programs``
 cases, the ``overhead`` group (eager calls, tracing, lowering and compiling), the ``kinds``
 of rows (single calls, element-wise and sparse programs, overhead), the
 ``records`` (what a case, a result row and the run's header hold), and ``calibrate``.
+``onnx_export`` (``python -m jax_ext.bench.onnx_export``, with the ``onnx`` extra) times
+the select jax_ext.onnx exports against the jnp twin's export in onnxruntime.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 "jax_ext[onnx]"``) jax_ext's three primitives; ``jax2onnx.to_onnx`` then converts a
 function that calls :func:`jax_ext.select`, :func:`jax_ext.where`, :func:`jax_ext.where3`
 or :func:`jax_ext.gather`, under ``vmap`` and ``grad`` too, to standard ONNX operators
-(``Where``, ``Gather``, ``Pad``, ``ScatterND``, ...) that onnxruntime and OpenVINO run::
+(``GatherElements``, ``Gather``, ``ScatterND``, ...) that onnxruntime and OpenVINO run::
 
     import jax, jax.numpy as jnp, jax_ext, jax_ext.onnx
     from jax2onnx import to_onnx
@@ -13,8 +13,12 @@ or :func:`jax_ext.gather`, under ``vmap`` and ``grad`` too, to standard ONNX ope
                      jax.ShapeDtypeStruct((4, 8), jnp.float32),
                      jax.ShapeDtypeStruct((1, 8), jnp.float32)])
 
-``import jax_ext`` alone never imports jax2onnx. The guide's "Exporting back to ONNX"
-section lists what each primitive becomes and which bits a runtime changes.
+The exported graphs move values bit for bit in onnxruntime and OpenVINO (``-0.0`` and NaN
+payloads included) at every opset jax2onnx writes; ``with jax_ext.onnx.plain_where():``
+around ``to_onnx`` exports selects as the runtime's own ``Where`` instead, for users who
+need values, not bits. ``import jax_ext`` alone never imports jax2onnx. The guide's
+"Exporting back to ONNX" section lists what each primitive becomes and which bits a
+runtime changes.
 """
 from __future__ import annotations
 
@@ -22,17 +26,19 @@ import warnings
 
 from .. import _primitives
 from . import _graphs, _plugins
-from ._graphs import Unsupported
+from ._graphs import Unsupported, plain_where
 from ._plugins import interface_problems
 
-__all__ = ["PRIMITIVES", "Unsupported", "interface_problems"]
+__all__ = ["PRIMITIVES", "Unsupported", "interface_problems", "plain_where"]
 
 # primitive name -> (its lowering, the ONNX operators it uses)
 _LOWERINGS = {
-    _primitives.select_p.name: (_graphs.select, ("Where", "Transpose", "Unsqueeze", "Expand",
-                                                  "Cast", "BitCast")),
-    _primitives.gather_p.name: (_graphs.gather, ("Gather", "Concat", "Pad", "Where", "Range",
-                                                  "Reshape")),
+    _primitives.select_p.name: (_graphs.select, ("GatherElements", "Concat", "Unsqueeze",
+                                                  "Squeeze", "Expand", "Cast", "Transpose",
+                                                  "Gather", "Shape", "Slice",
+                                                  "ConstantOfShape", "Where")),
+    _primitives.gather_p.name: (_graphs.gather, ("Gather", "ScatterND", "NonZero", "GatherND",
+                                                  "Concat", "Expand", "Range", "Reshape")),
     _primitives.scatter_add_p.name: (_graphs.scatter_add, ("ScatterND", "ConstantOfShape",
                                                             "Expand", "Slice", "Cast")),
 }

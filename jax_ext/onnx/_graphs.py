@@ -1,20 +1,27 @@
 """The ONNX graphs of jax_ext's three primitives, from standard operators only.
 
 Each function here gets an :class:`~jax_ext.onnx._plugins.Emitter`, the equation's params
-and avals, and returns the result's value. Values move bit for bit where the operators
-allow it: rows move by ``Gather`` (a copy in every runtime tried), and every decision
-(in range, before ``num_indices``, a padding column) is integer arithmetic on int64
-indices, so no float value passes through arithmetic. ``Where`` moves values only in the
-select, because that is the select; where onnxruntime has no ``Where`` kernel for a dtype
-the values take an exact detour (bool, int16, uint16, uint64: a ``Cast`` to a wider type
-and back; bfloat16: a ``Gather`` of its elements), and from opset 26 on float values are
-moved as their bits (``BitCast``), which onnxruntime's float ``Where`` does not keep (it
-turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs into ``0x7e00``).
+and avals, and returns the result's value. Values move bit for bit: they only ever pass
+through operators that copy bytes (``Gather``, ``GatherElements``, ``Concat``, ``Expand``,
+``ScatterND`` without reduction, reshapes), and every decision (which operand, in range,
+before ``num_indices``, a pad row, a padding column) is integer arithmetic on indices, so
+no value passes through arithmetic or a ``Where``. onnxruntime's ``Where`` rewrites bits (a
+``-0.0`` taken from ``x`` comes out ``+0.0``; float16 runs through float32 casts that
+rewrite NaNs) and has no kernel for bool, int16, uint16, uint64 or bfloat16; ``BitCast``
+(opset 26) would keep float bits there, but OpenVINO cannot read it. So the select is a
+``GatherElements`` over the two operands stacked along a new leading axis, indexed by the
+condition as int32, or, where the condition picks whole rows, one ``Gather`` of rows at
+integer positions: both copy bytes for every dtype, at every opset, in both runtimes, and
+run faster in onnxruntime than its own ``Where``. :func:`plain_where` switches the dtypes
+that have a ``Where`` kernel back to it. The gather moves rows by ``Gather`` and replaces
+pad rows by one ``ScatterND``: work per row, not an index per element.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -24,14 +31,15 @@ from ._plugins import Emitter, Value, onnx_type, tensor as _tensor
 I64 = np.int64
 Size: TypeAlias = int | Value  # a static extent, or an int64 scalar computed in the graph
 
-# Where onnxruntime has no Where kernel: the dtype the values are cast to, exactly, and back.
-WHERE_VIA = {"bool": "uint8", "int16": "int32", "uint16": "int32", "uint64": "int64"}
-# Where onnxruntime has no Where kernel and no exact Cast detour (a float32 Where, then
-# bfloat16 again, quiets NaN payloads): selected by moving every element with Gather.
-WHERE_BY_GATHER = {"bfloat16"}
-# From opset 26 (BitCast) float values are selected as their bits.
-BITS_OF = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
-BITCAST_OPSET = 26
+# The dtypes onnxruntime has a Where kernel for (float16 through its float32 casts): the
+# ones plain_where() selects with Where. The others keep the exact graph, which runs.
+PLAIN_WHERE = {"int8", "uint8", "int32", "uint32", "int64", "float16", "float32", "float64"}
+# What carries the condition into GatherElements (int32 indices move half of int64's bytes).
+INDEX = np.int32
+MIN_OPSET = 13
+# A select whose condition is constant along rows of at least this many elements moves
+# whole rows (one Gather at a position per row) rather than elements (GatherElements).
+ROW_MIN = 16
 # Dtypes the exported graphs carry: ONNX and onnxruntime both have them.
 SUPPORTED = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
              "float16", "bfloat16", "float32", "float64"}
@@ -116,41 +124,6 @@ def _align(g: Emitter, v: Value, d: Sequence[int], rank: int) -> Value:
     return _unsqueeze(g, v, [o for o in range(rank) if o not in d])
 
 
-def where(g: Emitter, c: Value, x: Value, y: Value, dtype: Any) -> Value:
-    """ONNX Where with exact detours for what onnxruntime lacks or rewrites."""
-    dt = np.dtype(dtype)
-    if g.opset >= BITCAST_OPSET and dt.name in BITS_OF:
-        bits = np.dtype(BITS_OF[dt.name])
-        xb, yb = (g.op("BitCast", a, to=onnx_type(bits)) for a in (x, y))
-        return g.op("BitCast", where(g, c, xb, yb, bits), to=onnx_type(dt))
-    if dt.name in WHERE_VIA:
-        via = np.dtype(WHERE_VIA[dt.name])
-        return _cast(g, where(g, c, _cast(g, x, via), _cast(g, y, via), via), dt)
-    if dt.name in WHERE_BY_GATHER:
-        return _where_by_gather(g, c, x, y)
-    return g.op("Where", c, x, y)
-
-
-def _positions(g: Emitter, v: Value, start: Value | int = 0) -> tuple[Value, Value]:
-    """(v's element count, each element's flat position + start, in v's shape)."""
-    size = _size(g, v)
-    end = size if isinstance(start, int) and start == 0 else g.op("Add", size, _lift(g, start))
-    return size, g.op("Reshape", g.op("Range", _lift(g, start), end, _c(g, 1)), g.op("Shape", v))
-
-
-def _where_by_gather(g: Emitter, c: Value, x: Value, y: Value) -> Value:
-    """Where(c, x, y) that only copies: x and y end to end, and one Gather at positions
-    chosen by an int64 Where (which broadcasts the three as Where does)."""
-    size, px = _positions(g, x)
-    _, py = _positions(g, y, size)
-    return g.op("Gather", _flat_concat(g, x, y), g.op("Where", c, px, py), axis=0)
-
-
-def _flat_concat(g: Emitter, a: Value, b: Value) -> Value:
-    return g.op("Concat", g.op("Reshape", a, _c(g, [-1])), g.op("Reshape", b, _c(g, [-1])),
-                axis=0)
-
-
 def _like(g: Emitter, v: Value, ref: Value) -> Value:
     """v in ref's element type: jax2onnx's enable_double_precision makes float tensors
     float64 but may leave a float32 literal as it is."""
@@ -166,19 +139,144 @@ def _covered(avals: Sequence[Any], dims: Sequence[Sequence[int]],
                for o, n in enumerate(out_shape))
 
 
-def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
-    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze), one
-    Where, and an Expand where no operand spans a result dim."""
-    _check_dtype("select", out.dtype)
-    out_shape, dims = params["out_shape"], params["dims"]
-    c, x, y = (_align(g, v, d, len(out_shape)) for v, d in zip(g.inputs(), dims))
-    res = where(g, c, x, _like(g, y, x), g.dtype(x))
-    if not _covered(avals, dims, out_shape):
-        if not all(_static(n) for n in out_shape):
+_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_ext_onnx_plain_where",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def plain_where() -> Iterator[None]:
+    """Within the block, ``jax2onnx.to_onnx`` exports select, where and where3 of the
+    dtypes onnxruntime has a ``Where`` kernel for (int8, uint8, int32, uint32, int64,
+    float16, float32, float64) as one ``Where``: the runtime's own operator, with its own
+    bits (onnxruntime's turns a ``-0.0`` taken from ``x`` into ``+0.0`` and float16 NaNs
+    into ``0x7e00``). Outside it, and for the other dtypes, the export copies bytes."""
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
+
+
+def _aligned_shape(aval: Any, d: Sequence[int], rank: int) -> list[Any]:
+    """The shape of an operand laid along result dims `d` by :func:`_align`."""
+    shape: list[Any] = [1] * rank
+    for j, o in enumerate(d):
+        shape[o] = aval.shape[j]
+    return shape
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(
+        (int(p) == int(q)) if _static(p) and _static(q) else (not _static(p) and not
+                                                             _static(q) and str(p) == str(q))
+        for p, q in zip(a, b))
+
+
+def _result_shape(g: Emitter, vals: Sequence[Value], shapes: Sequence[Sequence[Any]],
+                  out_shape: Sequence[Any]) -> Value:
+    """The result's shape as an int64 vector: constant where static, a symbolic dim read
+    from an operand that spans it (jax requires it to be that operand's extent)."""
+    if all(_static(n) for n in out_shape):
+        return _c(g, [int(n) for n in out_shape])
+    parts = []
+    for o, n in enumerate(out_shape):
+        if _static(n):
+            parts.append(_c(g, [int(n)]))
+            continue
+        k = next((k for k, s in enumerate(shapes) if not _is_one(s[o])), None)
+        if k is None:
             raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic result "
                               f"dim {tuple(out_shape)} has no ONNX export yet")
-        res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
-    return res
+        parts.append(g.op("Shape", vals[k], start=o, end=o + 1))
+    return g.op("Concat", *parts, axis=0)
+
+
+def _broadcast(g: Emitter, v: Value, shape: Sequence[Any], out_shape: Sequence[Any],
+               full: Value) -> Value:
+    """v (of `shape`) broadcast to `out_shape` (the int64 vector `full`) by copies:
+    ``Expand``, or for bfloat16, which onnxruntime's Expand lacks, a ``Gather`` of index 0
+    along each dim v lacks."""
+    if _same(shape, out_shape):
+        return v
+    if g.dtype(v).name != "bfloat16":
+        return g.op("Expand", v, full)
+    for o, (a, n) in enumerate(zip(shape, out_shape)):
+        if _is_one(a) and not _is_one(n):
+            ext = g.op("Slice", full, _c(g, [o]), _c(g, [o + 1]))
+            zeros = g.op("ConstantOfShape", ext, value=_tensor(np.zeros(1, I64)))
+            v = g.op("Gather", v, zeros, axis=o)
+    return v
+
+
+def select(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any) -> Value:
+    """jax_ext_select: each operand aligned onto the result (Transpose, Unsqueeze); then
+    whole rows moved (:func:`_select_rows`) where the condition picks rows, else `x` and
+    `y` broadcast to the result and stacked (`y` first) and one ``GatherElements`` at the
+    condition as int32 (1 takes `x`). Under :func:`plain_where`, one ``Where``."""
+    _check_dtype("select", out.dtype)
+    if g.opset < MIN_OPSET:
+        raise Unsupported(f"jax_ext.onnx: select needs opset {MIN_OPSET} or later (Squeeze and "
+                          f"Unsqueeze take their axes as inputs), not {g.opset}")
+    out_shape, dims = params["out_shape"], params["dims"]
+    rank = len(out_shape)
+    c, x, y = (_align(g, v, d, rank) for v, d in zip(g.inputs(), dims))
+    y = _like(g, y, x)
+    shapes = [_aligned_shape(a, d, rank) for a, d in zip(avals, dims)]
+    if _PLAIN.get() and g.dtype(x).name in PLAIN_WHERE:
+        res = g.op("Where", c, x, y)
+        if not _covered(avals, dims, out_shape):
+            if not all(_static(n) for n in out_shape):
+                raise Unsupported("jax_ext.onnx: a select whose operands span no symbolic "
+                                  f"result dim {tuple(out_shape)} has no ONNX export yet")
+            res = g.op("Expand", res, _c(g, [int(n) for n in out_shape]))
+        return res
+    tail = _row_tail(shapes[0], out_shape)
+    if tail:
+        return _select_rows(g, c, x, y, shapes, [int(n) for n in out_shape], tail)
+    full = _result_shape(g, [c, x, y], shapes, out_shape)
+    stacked = g.op("Concat", *(_unsqueeze(g, _broadcast(g, v, s, out_shape, full), [0])
+                               for v, s in ((y, shapes[2]), (x, shapes[1]))), axis=0)
+    index = _unsqueeze(g, _cast(g, c, INDEX), [0])
+    if not _same(shapes[0], out_shape):
+        index = g.op("Expand", index, g.op("Concat", _c(g, [1]), full, axis=0))
+    picked = g.op("GatherElements", stacked, index, axis=0)
+    return g.op("Squeeze", picked, _c(g, [0]))
+
+
+def _row_tail(c_shape: Sequence[Any], out_shape: Sequence[Any]) -> int:
+    """How many trailing result dims the condition is constant along, where they make
+    rows of at least ROW_MIN elements of a static result (else 0): such a select moves
+    whole rows."""
+    if not all(_static(n) for n in out_shape):
+        return 0
+    k = 0
+    while k < len(out_shape) and _is_one(c_shape[len(out_shape) - 1 - k]):
+        k += 1
+    return k if k and math.prod(int(n) for n in out_shape[len(out_shape) - k:]) >= ROW_MIN else 0
+
+
+def _select_rows(g: Emitter, c: Value, x: Value, y: Value, shapes: Sequence[Sequence[Any]],
+                 out_shape: Sequence[int], tail: int) -> Value:
+    """A select whose condition picks whole rows (the last `tail` dims): the rows of `x`
+    and of `y` (each broadcast along the row dims only) end to end, and one ``Gather`` of
+    rows at int64 positions from an integer ``Where`` over the leading dims. Rows move
+    twice (``Concat``, ``Gather``); the positions are one per row."""
+    lead = len(out_shape) - tail
+    row = math.prod(out_shape[lead:])
+    parts, starts, total = [], [], 0
+    for v, s in ((x, shapes[1]), (y, shapes[2])):
+        s = [int(d) for d in s]
+        want = s[:lead] + list(out_shape[lead:])
+        v = _broadcast(g, v, s, want, _c(g, want))
+        parts.append(v if (lead, tail) == (1, 1) else g.op("Reshape", v, _c(g, [-1, row])))
+        n = math.prod(s[:lead])
+        starts.append(g.op("Reshape", g.op("Range", _c(g, total), _c(g, total + n), _c(g, 1)),
+                           _c(g, s[:lead])))
+        total += n
+    cond = g.op("Reshape", c, _c(g, [int(d) for d in shapes[0][:lead]]))
+    index = g.op("Where", cond, starts[0], starts[1])  # integer positions: exact
+    picked = g.op("Gather", g.op("Concat", *parts, axis=0), index, axis=0)
+    return picked if tail == 1 else g.op("Reshape", picked, _c(g, list(out_shape)))
 
 
 # --- rows: which are real, and where they are (gather and scatter-add) ------------------
@@ -271,9 +369,15 @@ def gather(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any], out: Any
     per = math.prod(sdims) if all(isinstance(s, int) for s in sdims) else _prod(g, sdims)
     row = _arith(g, "Add", row, _batch_offset(g, bext, full, per, nb + 1))
     assert not isinstance(row, int) and not isinstance(valid, bool)  # src is not empty
-    rows = g.op("Gather", g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1)),
-                row, axis=0)
-    return _pad_elements(g, rows, pad, valid, nb + 1, len(sshape) - dim - 1,
+    # Along the batch dims pad spans too (vmap of pad alone): the rows come out full there.
+    row = g.op("Add", row, _unsqueeze(g, g.op("ConstantOfShape", g.op("Shape", pad),
+                                              value=_tensor(np.zeros(1, I64))), [-1]))
+    table = g.op("Reshape", src, _tail_shape(g, src, sa.shape, nb + dim + 1))
+    rows = g.op("Gather", table, row, axis=0)
+    # The rows' shape, read from the index and the table: a node reading `rows` would keep
+    # onnxruntime from overwriting it in place (ScatterND) and cost a copy.
+    shape = g.op("Concat", g.op("Shape", row), g.op("Shape", table, start=1), axis=0)
+    return _pad_elements(g, rows, shape, pad, valid, nb + 1, len(sshape) - dim - 1,
                          row_len - sshape[-1])
 
 
@@ -289,21 +393,38 @@ def _size(g: Emitter, v: Value) -> Value:
     return g.op("ReduceProd", g.op("Shape", v), keepdims=0)
 
 
-def _pad_elements(g: Emitter, rows: Value, pad: Value, valid: Value, lead: int, tail: int,
-                  extra: int) -> Value:
-    """Every result element from `rows` (shape (batch..., n, *mid, last): `lead` dims
-    before the `tail` ones of a row) or from `pad` (one value per batch element): one
-    Gather from the two end to end, at int64 positions where -1 first marks pad rows and
-    the `extra` padding columns."""
-    size, pos = _positions(g, rows)
+def _positions(g: Emitter, v: Value) -> Value:
+    """Each element's flat position in v, in v's shape (int64)."""
+    return g.op("Reshape", g.op("Range", _c(g, 0), _size(g, v), _c(g, 1)), g.op("Shape", v))
+
+
+def _pad_elements(g: Emitter, rows: Value, shape: Value, pad: Value, valid: Value, lead: int,
+                  tail: int, extra: int) -> Value:
+    """Every result element from `rows` (of `shape`, (batch..., n, *mid, last): `lead` dims
+    before the `tail` ones of a row) or from `pad` (one value per batch element, dims
+    aligned with the batch dims), moved by copies only: the pad rows (where `valid` is
+    false) overwritten by one ``ScatterND`` with their batch element's pad value (a
+    ``Gather`` from `pad`), then the `extra` padding columns appended (``Concat``) as a
+    ``Gather`` from `pad` too. Row-level work, so the cost follows the rows, not an index
+    per element."""
+    lead_shape = g.op("Slice", shape, _c(g, [0]), _c(g, [lead]))
+    invalid = g.op("Not", g.op("Expand", valid, lead_shape))
+    where_pad = g.op("Transpose", g.op("NonZero", invalid), perm=[1, 0])  # (K, lead)
+    flat_pad = g.op("Reshape", pad, _c(g, [-1]))
+    pad_pos = _positions(g, pad)
+    row_pad = g.op("GatherND", g.op("Expand", _unsqueeze(g, pad_pos, [-1]), lead_shape),
+                   where_pad)  # (K,): the pad value of each pad row
+    if tail:
+        row_pad = g.op("Expand", _unsqueeze(g, row_pad, list(range(1, tail + 1))), g.op(
+            "Concat", _c(g, [1]), g.op("Slice", shape, _c(g, [lead]), _c(g, [lead + tail])),
+            axis=0))
+    out = g.op("ScatterND", rows, where_pad, g.op("Gather", flat_pad, row_pad, axis=0))
     if extra:
-        pads = [0] * (2 * (lead + tail) - 1) + [extra]
-        pos = g.op("Pad", pos, _c(g, pads), _c(g, -1))
-    pos = g.op("Where", _unsqueeze(g, valid, list(range(-tail, 0))), pos, _c(g, -1))
-    _, pad_pos = _positions(g, pad, size)
-    pad_pos = _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0)))
-    pos = g.op("Where", g.op("Less", pos, _c(g, 0)), pad_pos, pos)
-    return g.op("Gather", _flat_concat(g, rows, pad), pos, axis=0)
+        cols = g.op("Concat", g.op("Slice", shape, _c(g, [0]), _c(g, [lead + tail - 1])),
+                    _c(g, [extra]), axis=0)
+        col_pad = g.op("Expand", _unsqueeze(g, pad_pos, list(range(-(tail + 1), 0))), cols)
+        out = g.op("Concat", out, g.op("Gather", flat_pad, col_pad, axis=0), axis=-1)
+    return out
 
 
 # --- scatter-add (gather's gradient) ---------------------------------------------------

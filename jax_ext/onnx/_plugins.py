@@ -8,6 +8,7 @@ jax2onnx's lowering context behind four calls (``op``, ``const``, ``inputs``, ``
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import inspect
@@ -22,15 +23,22 @@ from jax2onnx.plugins import plugin_system
 # The jax2onnx releases the tests cover (the `onnx` extra pins the same range).
 TESTED = ((0, 17), (0, 18))  # >= 0.17, < 0.18
 
-# (module, attribute, the parameters jax_ext passes or reads) for every piece it uses.
+# (module, attribute, what of it jax_ext uses) for every piece it uses. The attribute may be
+# dotted (a method). What is used: of a function, the parameters jax_ext passes (by name; a
+# list starting with "self" is the leading positional parameters, in order); of a dataclass,
+# its leading fields, in order (jax_ext passes them positionally); of another class, the
+# attributes it has or its __init__ sets.
 INTERFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("jax2onnx", "to_onnx", ("fn", "inputs", "opset", "enable_double_precision")),
-    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin", ("binding_specs",)),
-    ("jax2onnx.plugins.plugin_system", "AssignSpec", ()),
+    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin", ("binding_specs", "lower")),
+    ("jax2onnx.plugins.plugin_system", "PrimitiveLeafPlugin.lower", ("self", "ctx", "eqn")),
+    ("jax2onnx.plugins.plugin_system", "AssignSpec", ("target", "attr", "value")),
     ("jax2onnx.plugins.plugin_system", "register_primitive", ()),
     ("jax2onnx.plugins.plugin_system", "PLUGIN_REGISTRY", ()),
     ("jax2onnx.converter.ir_context", "IRContext",
-     ("get_value_for_var", "bind_value_for_var", "fresh_name", "builder", "opset")),
+     ("get_value_for_var", "bind_value_for_var", "fresh_name", "builder")),
+    ("jax2onnx.converter.ir_context", "IRContext.get_value_for_var", ("name_hint",)),
+    ("jax2onnx.converter.ir_builder", "IRBuilder", ("opset",)),
     ("onnx_ir", "tensor", ()),
     ("onnx_ir", "DataType", ()),
     ("onnx_ir", "TensorType", ()),
@@ -42,29 +50,79 @@ Value: TypeAlias = Any
 Lowering = Callable[["Emitter", Mapping[str, Any], Sequence[Any], Any], Value]
 
 
+def _resolve(module: str, attr: str) -> Any:
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _missing(obj: Any, names: tuple[str, ...]) -> list[str]:
+    """What of `names` (see INTERFACE) `obj` lacks."""
+    if dataclasses.is_dataclass(obj):
+        fields = [f.name for f in dataclasses.fields(obj)][:len(names)]
+        return [] if fields == list(names) else [f"fields {', '.join(names)} (in order)"]
+    if inspect.isclass(obj):  # its attributes, and those its __init__ sets
+        try:
+            init = inspect.getsource(obj.__init__)
+        except (OSError, TypeError):
+            init = ""
+        have = set(dir(obj)) | {n for n in names if re.search(rf"self\.{n}\s*[:=]", init)}
+        return [n for n in names if n not in have]
+    if callable(obj):
+        params = list(inspect.signature(obj).parameters)
+        if names[:1] == ("self",):
+            return [] if params[:len(names)] == list(names) else [
+                f"parameters ({', '.join(names)}) first"]
+        return [n for n in names if n not in params]
+    return []
+
+
 def interface_problems() -> list[str]:
-    """What of ``INTERFACE`` the installed jax2onnx lacks, as readable lines (empty: all
-    there). A parameter of a function counts as present when its signature names it, an
-    attribute of a class when the class has it or its ``__init__`` sets it."""
+    """What of the jax2onnx interface jax_ext uses the installed jax2onnx lacks or changed,
+    as readable lines naming the piece (empty: all there). Checks ``INTERFACE``, then uses
+    the pieces as a lowering does: ``IRContext(opset=, enable_double_precision=)``,
+    ``builder.opset``, ``fresh_name``, ``get_value_for_var(var, name_hint=)``, an operator
+    called on ``builder`` with ``_outputs=[name]``, ``bind_value_for_var``."""
     problems = []
     for module, attr, names in INTERFACE:
         try:
-            obj = getattr(importlib.import_module(module), attr)
+            obj = _resolve(module, attr)
         except (ImportError, AttributeError) as e:
             problems.append(f"{module}.{attr}: {e}")
             continue
-        if inspect.isclass(obj):  # its attributes, and those its __init__ sets
-            try:
-                init = inspect.getsource(obj.__init__)
-            except (OSError, TypeError):  # generated (a dataclass's): its fields are in dir
-                init = ""
-            have = set(dir(obj)) | {n for n in names if re.search(rf"self\.{n}\s*[:=]", init)}
-        elif callable(obj):
-            have = set(inspect.signature(obj).parameters)
-        else:
-            have = set()
-        problems += [f"{module}.{attr} has no {n}" for n in names if n not in have]
-    return problems
+        problems += [f"{module}.{attr} has no {n}" for n in _missing(obj, names)]
+    return problems + (_use_problems() if not problems else [])
+
+
+def _use_problems() -> list[str]:
+    """The pieces used as a lowering uses them, on a one-variable jaxpr."""
+    import jax
+    from jax2onnx.converter.ir_context import IRContext
+
+    jaxpr = jax.make_jaxpr(lambda v: v * 2)(np.float32(1)).jaxpr
+    what = "IRContext(opset=23, enable_double_precision=False)"
+    try:
+        ctx = IRContext(opset=23, enable_double_precision=False)
+        what = "builder.opset"
+        if ctx.builder.opset != 23:
+            return [f"jax2onnx builder.opset is {ctx.builder.opset!r}, not the opset given"]
+        what = "fresh_name"
+        if ctx.fresh_name("jax_ext_probe") == ctx.fresh_name("jax_ext_probe"):
+            return ["jax2onnx fresh_name gave one name twice"]
+        what = "get_value_for_var(var, name_hint=)"
+        value = ctx.get_value_for_var(jaxpr.invars[0], name_hint="jax_ext_probe_in")
+        what = "builder.<Operator>(..., _outputs=[name])"
+        out = ctx.builder.Identity(value, _outputs=["jax_ext_probe_out"])
+        if out.name != "jax_ext_probe_out":
+            return [f"jax2onnx {what} named its output {out.name!r}"]
+        what = "bind_value_for_var"
+        ctx.bind_value_for_var(jaxpr.outvars[0], out)
+        if ctx.get_value_for_var(jaxpr.outvars[0]) is not out:
+            return [f"jax2onnx {what} did not bind the value"]
+    except Exception as e:  # a piece that moved: named, whatever it raises
+        return [f"jax2onnx {what}: {type(e).__name__}: {e}"]
+    return []
 
 
 def version() -> tuple[int, ...]:
@@ -127,7 +185,7 @@ def _out_dtype(op_type: str, inputs: Sequence[Value], attrs: Mapping[str, Any]) 
         return ir.DataType(attrs["to"])
     if op_type in _BOOL_OPS:
         return ir.DataType.BOOL
-    if op_type in ("Shape", "Size"):
+    if op_type in ("Shape", "Size", "NonZero"):
         return ir.DataType.INT64
     if op_type == "ConstantOfShape":
         return attrs["value"].dtype
