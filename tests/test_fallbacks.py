@@ -25,6 +25,8 @@ REPORTED = {
                              "import and native_error() give the cause and the cure",
     ("bench/timing.py", "_picked"): "the benchmark's report prints '? (the error)' in "
                                     "the column of what ran",
+    ("onnx/_plugins.py", "_use_problems"): "jax_ext.onnx.interface_problems() reports the "
+                                           "jax2onnx piece that moved, with what it raised",
 }
 
 

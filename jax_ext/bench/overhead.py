@@ -111,8 +111,8 @@ def eager_cases() -> list[Case]:
 
 # --- eager loops over fresh Python scalars ----------------------------------------------
 
-# The values each round gives each side: jnp.take compiles once per fill_value (about 40 ms
-# each), so its loop is shorter; the ratio is per call either way.
+# The values each round gives each side: jnp.take compiles once per fill_value, so its loop
+# is shorter (a compile per call); the ratio is per call either way.
 LOOP_VALUES = 120
 PAD_LOOP_VALUES = 12
 LOOP_ROUNDS = 9  # rounds of the scalar loops; medians
