@@ -1,28 +1,10 @@
 """gather (Ascend asctile.gather): the front-end over the gather primitive, whose
 rules are in ``_gather_rules.py``.
 
-``jax_ext_gather(src, offsets, index, num_indices, pad_value)`` with static params
-
-* ``dim``: the indexed dimension of one ``src`` (after the batch dims);
-* ``row_len``: the padded length ``L`` of the result's last dimension;
-* ``check_bounds``: pad (True) or clamp (False) out-of-range rows;
-* ``nbatch``: the number of leading batch dimensions every operand carries. Each
-  operand's batch dimension is either the batch size or 1 (broadcast: the kernel reads
-  it with batch stride 0, nothing is materialized). vmap prepends one more;
-* ``impl``: the implementation requested, "auto", "native" or "lax", fixed when the
-  primitive is bound; what runs is settled per call site when it is lowered.
-
-Operands: ``offsets`` is one vector of ``dim + 1`` values and ``num_indices`` a scalar,
-both of the default integer type (int64 under ``jax_enable_x64``, else int32), and
-``pad_value`` a scalar of ``src``'s dtype -- always operands, static or traced, so one
-compiled program serves every value. ``index`` keeps its own integer
-dtype: the kernel reads any width and signedness and adds it to ``offsets[dim]`` in
-128-bit arithmetic, which is exact for uint64 indices too (a conversion to int64 would
-cost a pass and wrap uint64 values >= 2**63 into range).
-
-Its transpose with respect to ``src`` is the scatter-add primitive of ``_scatter_add.py``,
-whose own transpose is this gather (both primitives live in ``_primitives.py``); the row
-and batch geometry they share is in ``_rows.py``.
+The front-end checks every argument (its conversions are in ``_gather_args.py``, one
+function per argument) and binds ``jax_ext_gather(src, offsets, index, num_indices,
+pad_value)``, whose operands and static params ``_gather_rules.py`` describes. PRNG key
+arrays move as their key data.
 """
 from __future__ import annotations
 
