@@ -33,7 +33,8 @@ LAYERS = [
      "jax_ext._gather_args", "jax_ext._eager"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},
     {"jax_ext._common", "jax_ext._config", "jax_ext._compat", "jax_ext._compat_sharding",
-     "jax_ext._names", "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext", "jax_ext._build_info"},
+     "jax_ext._names", "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext",
+     "jax_ext._build_info"},
 ]
 
 
