@@ -3,6 +3,7 @@ conversion for their front-ends, extended dtypes (PRNG keys), and the sum that
 transposes a broadcast."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
@@ -92,6 +93,7 @@ def scalar_np(v: Any, dtype: Any, what: str, fn: str) -> np.ndarray[Any, Any]:
     return np.asarray(v, dt)
 
 
+@functools.lru_cache(maxsize=256)  # every eager call with a Python int asks; thread-safe
 def int_bounds(dt: np.dtype[Any]) -> tuple[int | float, int | float]:
     """The Python ints that `dt` takes (scalar_np): an integer dtype's range, an inexact
     dtype's finite values (+-its largest, as a float), anything for another dtype."""

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
-from ._common import int_bounds
+from ._common import scalar_np
 
 PY_SCALARS = (bool, int, float, complex)
 
@@ -181,24 +181,12 @@ def _numpy_dtype(dt: Any) -> bool:
         return False
 
 
-# dtype -> the Python ints it takes (_common.int_bounds)
-_BOUNDS: dict[np.dtype[Any], tuple[int | float, int | float]] = {}
-
-
 def _exact(v: bool | int | float | complex, dt: np.dtype[Any]) -> Any:
     """`v` converted to `dt` as the front-end converts it (_common.scalar_np: numpy's
     direct conversion), wrapped by its Python type; None where it does not fit (the
     front-end raises that ValueError)."""
-    t = type(v)
-    if t is int:
-        bounds = _BOUNDS.get(dt)
-        if bounds is None:
-            bounds = int_bounds(dt)
-            _remember(_BOUNDS, dt, bounds, 256)
-        if not bounds[0] <= cast(int, v) <= bounds[1]:
-            return None
     try:
-        return _WRAP[t](np.asarray(v, dt))
+        return _WRAP[type(v)](scalar_np(v, dt, "", ""))
     except (ValueError, OverflowError):
         return None
 
