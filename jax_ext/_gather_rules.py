@@ -207,10 +207,11 @@ def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any
 
 
 # --- SPMD partitioning ---------------------------------------------------------------
-# The kernels index src globally along dims 0..dim (offsets and index are global row
-# numbers), so those dims are never sharded (a sharded src is all-gathered along them).
 # Batch dims, the index dim n, the middle dims and -- when no padding column is added --
 # the last dim shard freely; a size-1 (broadcast) batch dim gets a factor of its own.
+# src's row dims (0..dim) are reduction factors: a src sharded along them stays so, each
+# device gathers the rows it holds and the devices combine their results by an integer
+# sum (`_rows_sharded`), unless copying src moves fewer bytes (`keep_rows_sharded`).
 
 def _gather_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
                       nbatch: int, **_: Any) -> _partition.Factors:
@@ -220,28 +221,45 @@ def _gather_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row
     b = [f"b{j}" for j in range(nbatch)]
     mid = [f"m{i}" for i in range(len(sshape) - dim - 2)]
     shared = sshape[-1] == row_len  # no padding columns: the last dim shards too
-    fixed = [f"s{i}" for i in range(dim + 1)]
-    f_in = [_rows.batch_factors(0, src, bshape, b) + fixed + mid + ["l" if shared else "sl"],
+    rows = [f"s{i}" for i in range(dim + 1)]
+    f_in = [_rows.batch_factors(0, src, bshape, b) + rows + mid + ["l" if shared else "sl"],
             _rows.batch_factors(1, avals_in[1], bshape, b) + ["q"],
             _rows.batch_factors(2, avals_in[2], bshape, b) + ["n"],
             _rows.batch_factors(3, avals_in[3], bshape, b),
             _rows.batch_factors(4, avals_in[4], bshape, b)]
     f_out = b + ["n"] + mid + ["l" if shared else "ol"]
-    return f_in, f_out, tuple(fixed + ["q"] + ([] if shared else ["sl", "ol"]))
+    return f_in, f_out, tuple(["q"] + ([] if shared else ["sl", "ol"])), tuple(rows)
+
+
+def keep_rows_sharded(src: Aval, aval_out: Aval, scatter: bool) -> bool:
+    """Does the gather from a src sharded along its rows keep it so? The combine moves
+    about the result's bytes (a reduce-scatter; twice that for an all-reduce, where the
+    result is not sharded along the index), copying src its bytes: the fewer wins."""
+    moved = math.prod(aval_out.shape) * (1 if scatter else 2)
+    return moved < math.prod(src.shape)
 
 
 def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
-                           avals_in: Sequence[Aval], aval_out: Aval, *, dim: int, row_len: int,
+                           avals_in: Sequence[Aval], aval_out: Aval,
+                           given: Sequence[Sequence[SpecEntry]], *, dim: int, row_len: int,
                            nbatch: int, **params: Any) -> _partition.Partition:
-    """Each device gathers the rows of its index shard (and batch/column block) from a
-    src replicated along dims 0..dim. num_indices counts global rows, so each shard
-    gets it shifted by the shard's first row."""
+    """Each device gathers the rows of its index shard (and batch/column block). From a
+    src sharded along its rows, see `_rows_sharded`; otherwise from a src replicated
+    along dims 0..dim: num_indices counts global rows, so each shard gets it shifted by
+    the shard's first row."""
     bshape = aval_out.shape[:nbatch]
     src, n = avals_in[0], avals_in[2].shape[-1]
     shared = src.shape[-1] == row_len
     o = _rows.nonunit(o, aval_out.shape)
     if not shared:
         o[-1] = None
+    row_specs = [e if not _rows.is_one(d) else None for d, e in
+                 zip(src.shape[nbatch:nbatch + dim + 1], given[0][nbatch:nbatch + dim + 1])]
+    row_axes = tuple(a for e in row_specs for a in _partition.axes_of(e))
+    scatter = bool(set(row_axes) & set(_partition.axes_of(o[nbatch])))
+    if row_axes and keep_rows_sharded(src, aval_out, scatter):
+        return _rows_sharded(o, mesh_shape, avals_in, aval_out, row_specs, row_axes, scatter,
+                             dim=dim, row_len=row_len, nbatch=nbatch, **params)
     in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
     in_specs[0] += [None] * (dim + 1) + o[nbatch + 1:]
     in_specs[1] += [None]
@@ -257,6 +275,96 @@ def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int]
         return bind(s, offsets, index, num, pad, dim=dim, row_len=local_row_len,
                     nbatch=nbatch, **params)
     return in_specs, o, local
+
+
+def _rows_sharded(o: list[SpecEntry], mesh_shape: Mapping[str, int], avals_in: Sequence[Aval],
+                  aval_out: Aval, row_specs: Sequence[SpecEntry], row_axes: tuple[str, ...],
+                  scatter: bool, *, dim: int, row_len: int, nbatch: int, check_bounds: bool,
+                  **params: Any) -> _partition.Partition:
+    """The gather from a src that stays sharded along its rows (the `row_axes`).
+
+    Every device computes which rows are real and where each lies (`_rows.rows`, on the
+    global geometry), gathers the rows it holds from its shard, with every other row
+    zero bits, and the devices add their results as unsigned integers of the element's
+    width: exactly one device contributes a real row's bits, so the sum is those bits.
+    Where the result is sharded along the index by those axes, the sum is a
+    reduce-scatter (every device gathers for all the indices, its block comes back);
+    elsewhere an all-reduce. Pad rows and padding columns get pad_value after the sum.
+    Per device: src's shard and O(result); across devices: O(result) bytes."""
+    bshape = aval_out.shape[:nbatch]
+    src, n = avals_in[0], avals_in[2].shape[-1]
+    sshape = src.shape[nbatch:]
+    # The result's dims other than n may not use the rows' axes.
+    o = [None if set(_partition.axes_of(e)) & set(row_axes) else e for e in o]
+    k = math.prod(mesh_shape[a] for a in row_axes)
+    o[nbatch] = (row_axes[0] if len(row_axes) == 1 else row_axes) if scatter else o[nbatch]
+    in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
+    in_specs[0] += list(row_specs) + o[nbatch + 1:]
+    in_specs[1] += [None]
+    in_specs[2] += [None if scatter else o[nbatch]]
+    local_rows = [_partition.local_size(d, e, mesh_shape)
+                  for d, e in zip(sshape[:dim + 1], row_specs)]
+    local_row_len = _partition.local_size(row_len, o[-1], mesh_shape)
+    last = _partition.local_size(sshape[-1], o[-1], mesh_shape)
+    n_block = _partition.local_size(n, o[nbatch], mesh_shape)
+    n_pad = n_block * k if scatter else n_block  # the indices each device gathers for
+
+    def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
+              index: jax.Array, num: jax.Array, pad: jax.Array) -> jax.Array:
+        if not scatter and o[nbatch] is not None:  # this device's block of the indices
+            first = lax.convert_element_type(lax.axis_index(o[nbatch]), num.dtype) * n_block
+            num = lax.clamp(np.array(0, num.dtype), num - first, np.array(n_block, num.dtype))
+        valid, row = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
+                                check_bounds=check_bounds)
+        held, lrow = held_rows(valid, row, sshape[:dim + 1], local_rows, row_specs)
+        ids = jnp.where(held, lrow, -1)
+        if n_pad != ids.shape[-1]:  # the reduce-scatter's blocks: pad rows past n
+            ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, n_pad - ids.shape[-1])],
+                          constant_values=-1)
+            valid = jnp.pad(valid, [(0, 0)] * (valid.ndim - 1) + [(0, n_pad - valid.shape[-1])])
+        flat = s.reshape(s.shape[:nbatch] + (math.prod(local_rows),)
+                         + s.shape[nbatch + dim + 1:])
+        w = _partition.wire_dtype(s.dtype)
+        wired = flat if w is None else _partition.to_wire(flat)
+        ob = (1,) * nbatch
+        part = bind(wired, jnp.zeros(ob + (1,), offsets.dtype), ids,
+                    jnp.full(ob, n_pad, num.dtype), jnp.zeros(ob, wired.dtype), dim=0,
+                    row_len=local_row_len, nbatch=nbatch, check_bounds=True, **params)
+        if scatter:
+            part = lax.psum_scatter(part, row_axes, scatter_dimension=nbatch, tiled=True)
+            blk = lax.axis_index(row_axes) * n_block
+            valid = lax.dynamic_slice_in_dim(valid, blk, n_block, axis=valid.ndim - 1)
+        else:
+            part = lax.psum(part, row_axes)
+        mid = tuple(part.shape[nbatch + 1:-1])
+        mask = _rows.pad_mask(valid, last, local_row_len, mid)
+        pw = pad if w is None else _partition.to_wire(pad)
+        out = jnp.where(mask, pw.reshape(pw.shape + (1,) * (part.ndim - nbatch)), part)
+        return out if w is None else _partition.from_wire(out, s.dtype)
+    return in_specs, o, local
+
+
+def held_rows(valid: jax.Array, row: jax.Array, dims: Sequence[int], local: Sequence[int],
+               specs: Sequence[SpecEntry]) -> tuple[jax.Array, jax.Array]:
+    """Which of the global flat rows `row` (of src's row dims `dims`) this device's shard
+    holds, and where in the shard (its flat row), for a shard of `local` rows per dim,
+    sharded per dim by `specs`."""
+    wide = row.dtype  # holds every flat row (_rows.row_dtype)
+    rem = row
+    coords = []
+    for d in reversed(dims[1:]):
+        coords.append(rem % d)
+        rem = rem // d
+    coords.append(rem)
+    held = valid
+    flat: jax.Array | None = None
+    for c, d, e in zip(reversed(coords), local, specs):
+        if e is not None:
+            c = c - lax.convert_element_type(lax.axis_index(e), wide) * d
+            held = held & (c >= 0) & (c < d)
+        flat = c if flat is None else flat * d + c
+    assert flat is not None
+    return held, flat
 
 
 # --- autodiff ---------------------------------------------------------------------------

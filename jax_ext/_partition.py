@@ -11,15 +11,17 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax import lax
 
 from . import _compat, _compat_sharding, _names
 from ._compat import Aval, IrValues, PartitionSpec, SpecEntry, ir
 
 mlir = _compat.mlir
 Ctx = mlir.LoweringRuleContext
-# Spmd.rule's result: a factor name per dim of each operand and of the result, and the
-# factors that must never be sharded.
-Factors = tuple[list[list[str]], list[str], tuple[str, ...]]
+# Spmd.rule's result: a factor name per dim of each operand and of the result, the
+# factors that must never be sharded, and the reduction factors (operand dims the result
+# does not have, whose shards the local computation combines).
+Factors = tuple[list[list[str]], list[str], tuple[str, ...], tuple[str, ...]]
 # Spmd.partition's result: the operands' specs, the result's, and the local computation.
 Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
 
@@ -30,20 +32,70 @@ class Spmd:
     its params, and describe the dims with per-dim lists; a spec entry is what a
     PartitionSpec holds for one dim (None, an axis name or a tuple of names).
 
-    * ``rule(avals_in, aval_out, **params) -> (factors_in, factors_out, replicated)``:
-      the Shardy sharding rule, one factor name per dim of every operand and of the
-      result (dims sharing a name are sharded alike; a factor that must never be
-      sharded -- a dim the kernel indexes globally -- is listed in `replicated`).
-    * ``partition(out_spec, mesh_shape, avals_in, aval_out, **params) -> (in_specs,
-      out_spec, local)``: given the result's spec that Shardy chose, the operand and
-      result specs the local kernel accepts (XLA reshards operands that differ) and
-      ``local(bind, *shards)``, the per-device computation, where ``bind(*args,
-      **params)`` binds the unpartitioned primitive on local shapes.
+    * ``rule(avals_in, aval_out, **params) -> (factors_in, factors_out, replicated,
+      reduction)``: the Shardy sharding rule, one factor name per dim of every operand
+      and of the result (dims sharing a name are sharded alike; a factor that must never
+      be sharded -- a dim the kernel indexes globally -- is listed in `replicated`; an
+      operand's factor the result does not have, which `partition` may leave sharded and
+      combine, in `reduction`).
+    * ``partition(out_spec, mesh_shape, avals_in, aval_out, arg_specs, **params) ->
+      (in_specs, out_spec, local)``: given the result's spec that Shardy chose and the
+      specs the operands arrive with, the operand and result specs the local computation
+      accepts (XLA reshards operands that differ) and ``local(bind, *shards)``, the
+      per-device computation, where ``bind(*args, **params)`` binds the unpartitioned
+      primitive on local shapes. `local` may use collectives over the mesh's axes.
     """
 
     def __init__(self, rule: Callable[..., Factors],
                  partition: Callable[..., Partition]) -> None:
         self.rule, self.partition = rule, partition
+
+
+# --- values crossing devices -----------------------------------------------------------
+# XLA:CPU runs collectives of bfloat16 and the 8-bit floats in a wider float, with converts
+# around them, which rewrites NaN payloads; a float all-reduce turns -0.0 into +0.0. So
+# every operand and the result of a partitioned call cross the partitioned call's
+# boundary as unsigned integers of their width (bool as uint8): the reshards XLA inserts
+# there, and the collectives a `local` computation runs, move integers, whose bits
+# nothing rewrites. Each shard's computation gets its operands back in their own dtype.
+
+def wire_dtype(dtype: Any) -> np.dtype[Any] | None:
+    """The unsigned integer dtype a value of `dtype` crosses devices as; None where it
+    crosses as it is (unsigned ints already, complex, sub-byte types)."""
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return np.dtype(np.uint8)
+    if dt.kind in "fiV" and dt.itemsize in (1, 2, 4, 8) and dt.name not in _SUB_BYTE:
+        return np.dtype(f"uint{8 * dt.itemsize}")
+    return None
+
+
+_SUB_BYTE = frozenset({"int4", "uint4", "int2", "uint2", "float4_e2m1fn"})
+
+
+def to_wire(x: jax.Array) -> jax.Array:
+    """`x` as its wire dtype (see wire_dtype), bit for bit."""
+    w = wire_dtype(x.dtype)
+    if w is None:
+        return x
+    if x.dtype == np.bool_:
+        return lax.convert_element_type(x, w)
+    return lax.bitcast_convert_type(x, w)
+
+
+def from_wire(x: jax.Array, dtype: Any) -> jax.Array:
+    """Inverse of to_wire for values of `dtype`."""
+    dt = np.dtype(dtype)
+    if x.dtype == dt:
+        return x
+    if dt == np.bool_:
+        return lax.ne(x, np.zeros((), x.dtype))
+    return lax.bitcast_convert_type(x, dt)
+
+
+def axes_of(entry: SpecEntry) -> tuple[str, ...]:
+    """The mesh axes of one spec entry, major first."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def rule_string(factors_in: Sequence[Sequence[str]], factors_out: Sequence[Sequence[str]]
@@ -84,17 +136,35 @@ def merge_specs(what: str, candidates: Sequence[Sequence[SpecEntry]]) -> list[Sp
     return out
 
 
+def _wired(local: Callable[..., jax.Array], bind: Callable[..., jax.Array],
+           avals_in: Sequence[Aval], aval_out: Aval) -> Callable[..., jax.Array]:
+    """`local(bind, *shards)` on wire values: operands back to their dtypes, the result
+    to its wire dtype."""
+    def fn(*wired: jax.Array) -> jax.Array:
+        shards = [from_wire(x, a.dtype) for x, a in zip(wired, avals_in)]
+        return to_wire(local(bind, *shards))
+    return fn
+
+
+def _out_dtype(aval: Aval) -> np.dtype[Any]:
+    w = wire_dtype(aval.dtype)
+    return np.dtype(aval.dtype) if w is None else w
+
+
 def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
                  params: dict[str, Any]) -> IrValues:
     """Lowers `raw` (the unpartitioned primitive, same operands and params) through
     custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
-    back into spmd.partition to lower one shard."""
+    back into spmd.partition to lower one shard. Operands and result cross the call as
+    wire values (see wire_dtype)."""
     from jax.sharding import NamedSharding
 
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
-    f_in, f_out, replicated = spmd.rule(avals_in, aval_out, **params)
+    f_in, f_out, replicated, reduction = spmd.rule(avals_in, aval_out, **params)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-    fn = _compat_sharding.custom_partitioning(lambda *a: raw.bind(*a, **params))
+    whole = lambda *a: raw.bind(*a, **params)  # noqa: E731
+    fn = _compat_sharding.custom_partitioning(_wired(lambda _, *a: whole(*a), bind,
+                                                     avals_in, aval_out))
 
     def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
                   result_shape: jax.ShapeDtypeStruct
@@ -102,22 +172,26 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
                              tuple[NamedSharding, ...]]:
         o = _compat_sharding.spec_entries(result_shape)
         mesh_shape = dict(mesh.shape)
-        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, **params)
+        given = [_compat_sharding.spec_entries(a) for a in arg_shapes]
+        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, given,
+                                                   **params)
         # The shard's whole computation is one equation, lowered by _shard_local_lowering
         # (see there and _compat_sharding.no_mesh for why).
         out = (tuple(local_size(d, e, mesh_shape) for d, e in zip(aval_out.shape, out_spec)),
-               np.dtype(aval_out.dtype))
-        body = _ShardBody(lambda *a: local(bind, *a))
+               _out_dtype(aval_out))
+        body = _ShardBody(_wired(local, bind, avals_in, aval_out))
         return (mesh, lambda *a: _shard_local_p.bind(*a, body=body, out=out),
                 NamedSharding(mesh, PartitionSpec(*out_spec)),
                 tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
 
     order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
+    # Shardy's verifier wants them in the order the rule introduces them.
+    ordered = lambda fs: tuple(sorted(set(fs) & order.keys(), key=order.__getitem__))  # noqa: E731
     fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
-                     # Shardy's verifier wants them in the order the rule introduces them.
-                     need_replication_factors=tuple(sorted(set(replicated) & order.keys(),
-                                                           key=order.__getitem__)))
-    rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
+                     need_replication_factors=ordered(replicated),
+                     reduction_factors=ordered(reduction))
+    rule: mlir.LoweringRule = mlir.lower_fun(
+        lambda *a: from_wire(fn(*map(to_wire, a)), aval_out.dtype), multiple_results=False)
     return rule(ctx, *args)
 
 
@@ -126,26 +200,29 @@ def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     """Lowers `raw` partitioned by `spmd` as a shard_map over the mesh's Explicit axes:
     what jax does with its own ops under jax_partitioning (_compat_sharding.shard_map_partitioning),
     where custom_partitioning has no rule. Operands whose sharding differs from the one
-    spmd.partition asks for are resharded first, as XLA would for custom_partitioning."""
+    spmd.partition asks for are resharded first, as XLA would for custom_partitioning;
+    as for custom_partitioning, values cross devices as wire values."""
     from jax.sharding import NamedSharding
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     want = _compat_sharding.spec_entries(aval_out)
     mesh_shape = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, **params)
+    given = [_compat_sharding.spec_entries(a) for a in avals_in]
+    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, given,
+                                               **params)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
 
     def fn(*xs: jax.Array) -> jax.Array:
-        xs = tuple(x if _compat_sharding.spec_entries(jax.typeof(x)) == tuple(s)
-                   else _compat.reshard(x, NamedSharding(mesh, PartitionSpec(*s)))
+        xs = tuple(to_wire(x) if _compat_sharding.spec_entries(jax.typeof(x)) == tuple(s)
+                   else _compat.reshard(to_wire(x), NamedSharding(mesh, PartitionSpec(*s)))
                    for x, s in zip(xs, in_specs))
         out: jax.Array = jax.shard_map(
-            lambda *shards: local(bind, *shards), mesh=mesh,
+            _wired(local, bind, avals_in, aval_out), mesh=mesh,
             in_specs=tuple(PartitionSpec(*s) for s in in_specs),
             out_specs=PartitionSpec(*out_spec), axis_names=set(mesh.explicit_axes),
             check_vma=False)(*xs)
         if tuple(out_spec) != tuple(want):
             out = _compat.reshard(out, NamedSharding(mesh, PartitionSpec(*want)))
-        return out
+        return from_wire(out, aval_out.dtype)
     rule: mlir.LoweringRule = mlir.lower_fun(fn, multiple_results=False)
     return rule(ctx, *args)
 

@@ -128,30 +128,37 @@ def _scatter_native(ctx: _lowering.Ctx, ct: ir.Value[Any], offsets: ir.Value[Any
 def _scatter_spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
                        src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
                        **_: Any) -> _partition.Factors:
-    """Batch dims the result keeps shard; dims that accumulate (n, and batch dims the
-    result has as 1) are replicated, so every element sums its contributions in index
-    order as on one device (exact, deterministic) at the cost of gathering ct."""
+    """Batch dims the result keeps shard, and so do the result's rows (dims 0..dim, which
+    only the result has: Shardy takes their sharding from the result's users, such as a
+    table's update). Dims that accumulate (n, and batch dims the result has as 1) are
+    replicated, so every element sums its contributions in index order as on one device
+    (exact, deterministic) at the cost of gathering ct."""
     bshape = _rows.batch_shape(avals_in, nbatch)
     full = [out_bshape[j] == bshape[j] for j in range(nbatch)]
     b = [f"b{j}" if full[j] else f"a{j}" for j in range(nbatch)]
     mid = [f"m{i}" for i in range(len(src_shape) - dim - 2)]
     shared = avals_in[0].shape[-1] == src_shape[-1]
-    fixed = [f"s{i}" for i in range(dim + 1)]
+    rows = [f"s{i}" for i in range(dim + 1)]
     f_in = [_rows.batch_factors(0, avals_in[0], bshape, b) + ["n"] + mid
             + ["l" if shared else "cl"],
             _rows.batch_factors(1, avals_in[1], bshape, b) + ["q"],
             _rows.batch_factors(2, avals_in[2], bshape, b) + ["n"],
             _rows.batch_factors(3, avals_in[3], bshape, b)]
-    f_out = [b[j] if full[j] else f"ob{j}" for j in range(nbatch)] + fixed + mid + \
+    f_out = [b[j] if full[j] else f"ob{j}" for j in range(nbatch)] + rows + mid + \
         ["l" if shared else "sl"]
-    rep = fixed + ["n", "q"] + [b[j] for j in range(nbatch) if not full[j]]
-    return f_in, f_out, tuple(rep + ([] if shared else ["cl", "sl"]))
+    rep = ["n", "q"] + [b[j] for j in range(nbatch) if not full[j]]
+    return f_in, f_out, tuple(rep + ([] if shared else ["cl", "sl"])), ()
 
 
 def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
-                            avals_in: Sequence[Aval], aval_out: Aval, *, dim: int,
+                            avals_in: Sequence[Aval], aval_out: Aval,
+                            given: Sequence[Sequence[SpecEntry]], *, dim: int,
                             src_shape: Sequence[int], out_bshape: Sequence[int], nbatch: int,
-                            **params: Any) -> _partition.Partition:
+                            check_bounds: bool, **params: Any) -> _partition.Partition:
+    """Each device accumulates the rows of its block of the result, from every
+    cotangent row (ct and the indices replicated along n). Where the result's rows are
+    sharded, each device adds, in index order, the cotangent rows of the rows its shard
+    holds (so its bits are the one-device result's) and drops the others."""
     bshape = _rows.batch_shape(avals_in, nbatch)
     ct = avals_in[0]
     shared = ct.shape[-1] == src_shape[-1]
@@ -159,20 +166,35 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
     for j in range(nbatch):
         if out_bshape[j] != bshape[j]:
             o[j] = None
-    o[nbatch:nbatch + dim + 1] = [None] * (dim + 1)
     if not shared:
         o[-1] = None
+    row_specs = o[nbatch:nbatch + dim + 1]
     in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
     in_specs[0] += [None] + o[nbatch + dim + 1:]
     in_specs[1] += [None]
     in_specs[2] += [None]
     loc = [_partition.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
     local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
+    if all(e is None for e in row_specs):
+        def local(bind: Callable[..., jax.Array], *args: jax.Array) -> jax.Array:
+            return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
+                        check_bounds=check_bounds, **params)
+        return in_specs, o, local
+    local_rows = local_src[:dim + 1]
 
-    def local(bind: Callable[..., jax.Array], *args: jax.Array) -> jax.Array:
-        return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
-                    **params)
-    return in_specs, o, local
+    def local_rows_sharded(bind: Callable[..., jax.Array], ct: jax.Array, offsets: jax.Array,
+                           index: jax.Array, num: jax.Array) -> jax.Array:
+        from ._gather_rules import held_rows
+        valid, row = _rows.rows(offsets, index, num, sshape=src_shape, dim=dim,
+                                check_bounds=check_bounds)
+        held, lrow = held_rows(valid, row, src_shape[:dim + 1], local_rows, row_specs)
+        ob = (1,) * nbatch
+        out = bind(ct, jnp.zeros(ob + (1,), offsets.dtype), jnp.where(held, lrow, -1),
+                   jnp.full(ob, index.shape[-1], num.dtype), dim=0,
+                   src_shape=(math.prod(local_rows),) + local_src[dim + 1:],
+                   out_bshape=local_b, nbatch=nbatch, check_bounds=True, **params)
+        return out.reshape(local_b + local_src)
+    return in_specs, o, local_rows_sharded
 
 
 def _scatter_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent],
@@ -223,8 +245,12 @@ def _scatter_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[in
 scatter_add_p.def_impl(
     lambda *args, **params: _compat.apply_primitive(scatter_add_p, *args, **params))
 scatter_add_p.def_abstract_eval(_scatter_abstract_eval)
+# partition_lax: XLA partitions a scatter-add into a replicated result by scattering each
+# device's cotangent rows and adding the results in float, in another order than one
+# device's; the kernels' rule keeps every row's sum in index order on the lax path too.
 _lowering.register(scatter_add_p, _names.SCATTER_ADD, _scatter_lax, _scatter_native,
-                   spmd=_partition.Spmd(_scatter_spmd_rule, _scatter_spmd_partition))
+                   spmd=_partition.Spmd(_scatter_spmd_rule, _scatter_spmd_partition),
+                   partition_lax=True)
 _compat.ad.primitive_jvps[scatter_add_p] = _scatter_jvp
 _compat.ad.primitive_transposes[scatter_add_p] = _scatter_transpose
 _compat.register_batcher(scatter_add_p, _scatter_batch)

@@ -114,12 +114,13 @@ def _spmd_rule(avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[
     f_out = [f"o{o}" for o in range(len(out_shape))]
     f_in = [[f"o{o}" if a.shape[j] == out_shape[o] else f"b{k}_{j}" for j, o in enumerate(d)]
             for k, (a, d) in enumerate(zip(avals_in, dims))]
-    return f_in, f_out, ()
+    return f_in, f_out, (), ()
 
 
 def _spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
-                    avals_in: Sequence[Aval], aval_out: Aval, *, out_shape: Sequence[int],
-                    dims: Sequence[Sequence[int]], **params: Any) -> _partition.Partition:
+                    avals_in: Sequence[Aval], aval_out: Aval, given: Sequence[Sequence[SpecEntry]],
+                    *, out_shape: Sequence[int], dims: Sequence[Sequence[int]],
+                    **params: Any) -> _partition.Partition:
     """Each device selects its own block: operands sharded like the result (broadcast
     dims replicated), the kernel bound on the block's shape. Nothing is communicated."""
     o = tuple(None if n == 1 else e for n, e in zip(out_shape, o))

@@ -1,0 +1,321 @@
+"""The checks of test_row_sharding.py: tables sharded along their rows, and operands of
+every op sharded differently, on 8 forced host devices, in a child process (see
+test_sharding.py for why a child).
+
+    python tests/row_sharding_checks.py OUTDIR [nox64]   # OUTDIR/rows.json
+
+Each check records {ok, error, ...} under its name; the parent asserts them. For every
+compiled program the record holds its collectives (kind, element type, bytes), read from
+the compiled HLO, and its per-device temp bytes from ``memory_analysis()``; each check
+itself asserts the bits against numpy (or against the same program on one device).
+"""
+import json
+import os
+import re
+import sys
+import traceback
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+X64 = "nox64" not in sys.argv[2:]
+jax.config.update("jax_enable_x64", X64)
+
+import jax_ext  # noqa: E402
+import ml_dtypes  # noqa: E402
+
+IMPLS = ("native", "lax", "auto")
+COLL = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-gather|all-reduce|all-to-all|"
+                  r"collective-permute|reduce-scatter)(?:-start)?\(")
+WIDTH = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+         "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+RESULTS = {}
+rng = np.random.default_rng(0)
+DEV = jax.devices()
+MESH = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+EMESH = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+MESH2 = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+BF16, E5M2 = np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e5m2)
+DEFAULT_INT = np.int64 if X64 else np.int32
+
+
+def check(name):
+    def deco(fn):
+        try:
+            rec = fn() or {}
+            rec.setdefault("ok", True)
+        except Exception as e:  # recorded, asserted by the parent
+            rec = {"ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+        RESULTS[name] = rec
+        return fn
+    return deco
+
+
+def collectives(text):
+    """[(kind, element type, bytes)] of every collective in a compiled HLO text."""
+    out = []
+    for ty, dims, kind in COLL.findall(text):
+        n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+        out.append((kind, ty, n * WIDTH.get(ty, 8)))
+    return out
+
+
+def compiled(f, *args):
+    c = jax.jit(f).lower(*args).compile()
+    return {"collectives": collectives(c.as_text()),
+            "temp": int(c.memory_analysis().temp_size_in_bytes)}
+
+
+def bits(dtype, shape):
+    """Random bit patterns of `dtype` (NaN payloads, signalling NaNs, -0.0, denormals)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    u = np.dtype(f"uint{8 * dtype.itemsize}")
+    return rng.integers(0, np.iinfo(u).max, shape, dtype=u, endpoint=True).view(dtype)
+
+
+def same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype,
+                                                                want.shape, want.dtype)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), "values differ"
+
+
+def np_gather(src, index, num, pad, L):
+    """gather(src, [0], 0, index, num_indices=num, pad_value=pad) of a 2-D src, by a loop."""
+    out = np.empty((len(index), L), src.dtype)
+    for i, k in enumerate(index):
+        ok = i < num and 0 <= int(k) < src.shape[0]
+        row = src[int(k)] if ok else np.full(src.shape[1:], pad, src.dtype)
+        out[i, :src.shape[1]] = row
+        out[i, src.shape[1]:] = pad
+    return out
+
+
+def put(a, mesh, spec):
+    return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def sliced(f, sizes, specs, mesh=MESH):
+    """`f` on its operands' leading `sizes` elements, each constrained to its spec inside
+    the program: shards the mesh does not divide (jax places only even ones)."""
+    wsc = jax.lax.with_sharding_constraint
+    return lambda *a: f(*[wsc(x[:k], NamedSharding(mesh, sp)) if k is not None else x
+                          for x, k, sp in zip(a, sizes, specs)])
+
+
+def spec_of(out):
+    spec = tuple(out.sharding.spec)
+    return [None if e is None else str(e) for e in spec + (None,) * (out.ndim - len(spec))]
+
+
+def rows_case(impl, f, args, want, *, mesh=MESH):
+    with jax_ext.implementation(impl):
+        rec = compiled(f, *args)
+        out = jax.jit(f)(*args)
+    same_bits(out, want)
+    rec["spec"] = spec_of(out)
+    return rec
+
+
+# --- forward: a table sharded along its rows --------------------------------------------
+R, C, N = 4096, 64, 256
+PAD = {np.dtype(np.float32): np.uint32(0x7FC00123).view(np.float32),
+       BF16: np.uint16(0x7F85).view(BF16), E5M2: np.uint8(0xFD).view(E5M2)}
+
+
+def forward_checks():
+    for dt in (np.dtype(np.float32), BF16, E5M2):
+        for rows, n, ispec in ((R, N, P("x")), (R, N, P()), (R - 5, N - 6, P("x"))):
+            table = bits(dt, (R, C - 2))  # C - 2 columns: padding columns too
+            idx = rng.integers(-3, rows + 3, N).astype(np.int32)
+            L = -(-(C - 2) * dt.itemsize // 32) * 32 // dt.itemsize
+            num = n - 7
+            want = np_gather(table[:rows], idx[:n], num, PAD[dt], L)
+            args = (put(table, MESH, P("x", None)), put(idx, MESH, ispec))
+            f = lambda t, i: jax_ext.gather(t, [0], 0, i, num_indices=num, pad_value=PAD[dt])
+            if rows != R:
+                # The program's result is replicated (jax keeps no uneven shards), and
+                # that reshard, after jax_ext's call, is XLA's: a bfloat16 all-gather
+                # there rewrites NaN payloads as for any program. So the bits are read
+                # inside the program, as unsigned integers.
+                u = np.dtype(f"uint{8 * dt.itemsize}")
+                f = sliced(lambda t, i, f=f: jax.lax.bitcast_convert_type(f(t, i), u),
+                           (rows, n), (P("x", None), ispec))
+                want = want.view(u)
+            for impl in IMPLS:
+                tag = f"{dt.name},{rows}x{n},{'index sharded' if ispec else 'index replicated'}"
+
+                @check(f"forward[{tag},{impl}]")
+                def _():
+                    rec = rows_case(impl, f, args, want)
+                    rec.update(table=table.nbytes, result=want.nbytes, ndev=8)
+                    return rec
+
+
+def explicit_checks():
+    """The same under explicit axes, with jax.set_mesh and without; and the gradient's
+    sharding, which follows the table's there."""
+    table = bits(np.float32, (R, C))
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    want = np_gather(table, idx, N, 0.0, C)
+    for impl in IMPLS:
+        for scoped in (True, False):
+            @check(f"explicit_forward[{'set_mesh' if scoped else 'no set_mesh'},{impl}]")
+            def _():
+                args = (put(table, EMESH, P("x", None)), put(idx, EMESH, P("x")))
+                f = lambda t, i: jax_ext.gather(t, [0], 0, i)
+                if scoped:
+                    with jax.set_mesh(EMESH):
+                        rec = rows_case(impl, f, args, want)
+                else:
+                    rec = rows_case(impl, f, args, want)
+                rec.update(table=table.nbytes, result=want.nbytes, ndev=8)
+                return rec
+
+        @check(f"explicit_grad[{impl}]")
+        def _():
+            # small integers (no -0.0): every order of the sums gives the same bits
+            t = np.round(rng.standard_normal((R, C)) * 4).astype(np.float32) + np.float32(0)
+            args = (put(t, EMESH, P("x", None)), put(idx, EMESH, P("x")))
+            g = jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) ** 2))
+            with jax.set_mesh(EMESH), jax_ext.implementation(impl):
+                rec = compiled(g, *args)
+                out = jax.jit(g)(*args)
+            ok = (idx >= 0) & (idx < R)
+            ref = np.zeros_like(t)
+            np.add.at(ref, idx[ok], 2 * t[idx[ok]])
+            same_bits(out, ref)
+            rec.update(spec=spec_of(out), table=t.nbytes, result=N * C * 4, ndev=8)
+            return rec
+
+
+# --- training step: the updated table equals one device's, bit for bit -----------------
+
+def step(t, i, w):
+    def loss(t):
+        return jnp.sum(jax_ext.gather(t, [0], 0, i, pad_value=0.0).astype(jnp.float32) * w)
+    return t - 0.01 * jax.grad(loss)(t).astype(t.dtype)
+
+
+def step_checks():
+    for dt in (np.dtype(np.float32), BF16):
+        for rows, n in ((R, N), (R - 5, N - 6), (R, R)):
+            t = rng.standard_normal((max(rows, R), C)).astype(dt)
+            idx = rng.integers(-3, rows + 3, max(n, N)).astype(np.int32)
+            idx[: n // 4] = idx[n // 4: 2 * (n // 4)]  # repeated rows accumulate
+            w = rng.standard_normal((max(n, N), C)).astype(np.float32)
+            even = rows % 8 == 0 and n % 8 == 0
+            # uneven: the updated table is padded back to whole shards (a result jax
+            # keeps sharded)
+            fn = step if even else sliced(
+                lambda t, i, w: jnp.pad(step(t, i, w), ((0, R - rows), (0, 0))),
+                (rows, n, n), (P("x", None), P("x"), P("x", None)))
+            for impl in IMPLS:
+                @check(f"step[{dt.name},{rows}x{n},{impl}]")
+                def _():
+                    one = jax.devices()[0]
+                    with jax_ext.implementation(impl):
+                        want = jax.jit(step)(*(jax.device_put(a, one) for a in (
+                            t[:rows], idx[:n], w[:n])))
+                        want = np.pad(np.asarray(want), ((0, t.shape[0] - rows), (0, 0)))
+                        args = (put(t, MESH, P("x", None)), put(idx, MESH, P("x")),
+                                put(w, MESH, P("x", None)))
+                        js = jax.jit(fn, out_shardings=NamedSharding(MESH, P("x", None)))
+                        c = js.lower(*args).compile()
+                        out = js(*args)
+                    same_bits(out, want)
+                    return {"collectives": collectives(c.as_text()),
+                            "temp": int(c.memory_analysis().temp_size_in_bytes),
+                            "spec": spec_of(out), "table": t.nbytes,
+                            "result": n * C * dt.itemsize, "ndev": 8}
+
+
+# --- vmap, offsets into sharded dims before `dim`, a 2-D mesh -----------------------------
+
+def other_checks():
+    for impl in IMPLS:
+        @check(f"vmap[{impl}]")
+        def _():
+            s = bits(BF16, (4, 1024, 32))
+            i = rng.integers(-2, 1026, (4, 64)).astype(np.int32)
+            want = np.stack([np_gather(s[b], i[b], 64, 0, 32) for b in range(4)])
+            f = jax.vmap(lambda s, i: jax_ext.gather(s, [0], 0, i, pad_value=0))
+            rec = rows_case(impl, f, (put(s, MESH, P(None, "x", None)),
+                                      put(i, MESH, P(None, "x"))), want)
+            rec.update(table=s.nbytes, result=want.nbytes, ndev=8)
+            return rec
+
+        @check(f"mesh2d_dims_before_dim[{impl}]")
+        def _():
+            # src (4, 512, 8, 32) sharded ("data", "model") along dims 0 and 1, gathered
+            # along dim 1 at offset 3 in dim 0; index sharded along "data".
+            s = bits(np.float32, (4, 512, 8, 32))
+            i = rng.integers(-2, 514, 64).astype(np.int32)
+            want = np.stack([s[3, k] if 0 <= k < 512 else np.zeros((8, 32), np.float32)
+                             for k in i])
+            f = lambda s, i: jax_ext.gather(s, [3, 0], 1, i, pad_value=0.0)
+            rec = rows_case(impl, f, (put(s, MESH2, P("data", "model", None, None)),
+                                      put(i, MESH2, P("data"))), want)
+            rec.update(table=s.nbytes, result=want.nbytes, ndev=8)
+            return rec
+
+
+# --- every op's operands sharded differently: random bits through the reshards -----------
+
+def reshard_checks():
+    shape = (64, 48)
+    for dt in (BF16, E5M2):
+        c = rng.random(shape) > 0.5
+        x, y = bits(dt, shape), bits(dt, shape)
+        cases = {"where": lambda c, x, y: jax_ext.where(c, x, y),
+                 "select": lambda c, x, y: jax_ext.select(c, x, y),
+                 "where3": lambda c, x, y: jax_ext.where3(c[:, 0], x, y)}
+        u = np.dtype(f"uint{8 * dt.itemsize}")
+        want_full = np.where(c, x.view(u), y.view(u)).view(dt)
+        want_rows = np.where(c[:, :1], x.view(u), y.view(u)).view(dt)
+        for op, f in cases.items():
+            want = want_rows if op == "where3" else want_full
+            for impl in IMPLS:
+                for out_spec in (None, P(None, "x")):
+                    how = "out resharded" if out_spec else "out free"
+
+                    @check(f"reshard[{op},{dt.name},{how},{impl}]")
+                    def _():
+                        args = (put(c, MESH, P()), put(x, MESH, P("x", None)),
+                                put(y, MESH, P(None, "x")))
+                        kw = {} if out_spec is None else {
+                            "out_shardings": NamedSharding(MESH, out_spec)}
+                        with jax_ext.implementation(impl):
+                            jf = jax.jit(f, **kw)
+                            cc = jf.lower(*args).compile()
+                            out = jf(*args)
+                        same_bits(out, want)
+                        return {"collectives": collectives(cc.as_text())}
+        # gather of a row-sharded table, its result resharded along the columns
+        t = bits(dt, (512, 32))
+        i = rng.integers(-2, 514, 64).astype(np.int32)
+        want = np_gather(t, i, 64, np.zeros((), dt), 32)
+        for impl in IMPLS:
+            @check(f"reshard[gather,{dt.name},out resharded,{impl}]")
+            def _():
+                args = (put(t, MESH, P("x", None)), put(i, MESH, P("x")))
+                f = lambda t, i: jax_ext.gather(t, [0], 0, i, pad_value=np.zeros((), dt))
+                with jax_ext.implementation(impl):
+                    jf = jax.jit(f, out_shardings=NamedSharding(MESH, P(None, "x")))
+                    cc = jf.lower(*args).compile()
+                    out = jf(*args)
+                same_bits(out, want)
+                return {"collectives": collectives(cc.as_text())}
+
+
+if __name__ == "__main__":
+    outdir = sys.argv[1]
+    assert len(DEV) == 8, DEV
+    for run in (forward_checks, explicit_checks, step_checks, other_checks, reshard_checks):
+        run()
+    with open(os.path.join(outdir, "rows.json"), "w") as fh:
+        json.dump(RESULTS, fh)
