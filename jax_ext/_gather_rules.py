@@ -324,12 +324,13 @@ def _rows_sharded(o: list[SpecEntry], mesh_shape: Mapping[str, int], avals_in: S
             valid = jnp.pad(valid, [(0, 0)] * (valid.ndim - 1) + [(0, n_pad - valid.shape[-1])])
         flat = s.reshape(s.shape[:nbatch] + (math.prod(local_rows),)
                          + s.shape[nbatch + dim + 1:])
-        w = _partition.wire_dtype(s.dtype)
-        wired = flat if w is None else _partition.to_wire(flat)
         ob = (1,) * nbatch
-        part = bind(wired, jnp.zeros(ob + (1,), offsets.dtype), ids,
-                    jnp.full(ob, n_pad, num.dtype), jnp.zeros(ob, wired.dtype), dim=0,
-                    row_len=local_row_len, nbatch=nbatch, check_bounds=True, **params)
+        # src as it is (its wire view would be copied for the kernel), the rows as wire
+        # values: those are summed.
+        part = _partition.to_wire(bind(
+            flat, jnp.zeros(ob + (1,), offsets.dtype), ids, jnp.full(ob, n_pad, num.dtype),
+            jnp.zeros(ob, s.dtype), dim=0, row_len=local_row_len, nbatch=nbatch,
+            check_bounds=True, **params))
         if scatter:
             part = lax.psum_scatter(part, row_axes, scatter_dimension=nbatch, tiled=True)
             blk = lax.axis_index(row_axes) * n_block
@@ -338,9 +339,9 @@ def _rows_sharded(o: list[SpecEntry], mesh_shape: Mapping[str, int], avals_in: S
             part = lax.psum(part, row_axes)
         mid = tuple(part.shape[nbatch + 1:-1])
         mask = _rows.pad_mask(valid, last, local_row_len, mid)
-        pw = pad if w is None else _partition.to_wire(pad)
+        pw = _partition.to_wire(pad)
         out = jnp.where(mask, pw.reshape(pw.shape + (1,) * (part.ndim - nbatch)), part)
-        return out if w is None else _partition.from_wire(out, s.dtype)
+        return _partition.from_wire(out, s.dtype)
     return in_specs, o, local
 
 
@@ -409,11 +410,10 @@ def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, 
             outs[4] = Zero(pad.aval)
         return outs
     if s_undef:
-        t_src = _compat.bind(scatter_add_p, ct, offsets, index, num, dim=dim,
-                             src_shape=tuple(sshape),
-                                   out_bshape=tuple(src_aval.shape[:nbatch]),
-                                   check_bounds=check_bounds, nbatch=nbatch, impl=impl)
-        outs[0] = _like_primal(t_src, src_aval)
+        outs[0] = _like_primal(lambda *a: _compat.bind(
+            scatter_add_p, *a, dim=dim, src_shape=tuple(sshape),
+            out_bshape=tuple(src_aval.shape[:nbatch]), check_bounds=check_bounds,
+            nbatch=nbatch, impl=impl), (ct, offsets, index, num), src_aval)
     if p_undef:
         valid, _ = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
                               check_bounds=check_bounds)
@@ -424,18 +424,26 @@ def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, 
     return outs
 
 
-def _like_primal(t: jax.Array, aval: Aval) -> jax.Array:
-    """Under explicit mesh axes a cotangent must carry its primal's sharding. The
-    scatter-add leaves the rows it accumulates unsharded (every row may receive from
-    any index), so a row-sharded src gets its cotangent resharded to match."""
+def _like_primal(scatter: Callable[..., jax.Array], args: Sequence[jax.Array],
+                 aval: Aval) -> jax.Array:
+    """`scatter(*args)`, which under explicit mesh axes must carry its primal's sharding.
+    The scatter-add types the rows it accumulates unsharded (every row may receive from
+    any index), so for a row-sharded src it is computed under that sharding (auto_axes:
+    the partitioner then accumulates each shard's rows on its device), or, where jax
+    lowers explicit axes through shard_map (jax_partitioning), resharded to it."""
     want = getattr(aval, "sharding", None)
     mesh = getattr(want, "mesh", None)
     if mesh is None or mesh.empty or not _compat_sharding.explicit_axes(mesh):
-        return t
+        return scatter(*args)
+    # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
+    target = jax.sharding.NamedSharding(mesh, aval.sharding.spec)
+    if _compat_sharding.shard_map_partitioning() is None and any(
+            e is not None for e in _compat_sharding.spec_entries(aval)):
+        return _compat_sharding.auto_axes(scatter, target)(*args)
+    t = scatter(*args)
     if _compat_sharding.spec_entries(jax.typeof(t)) == _compat_sharding.spec_entries(aval):
         return t
-    # On the primal's mesh: a bare PartitionSpec would need jax.set_mesh.
-    return _compat.reshard(t, jax.sharding.NamedSharding(mesh, aval.sharding.spec))
+    return _compat.reshard(t, target)
 
 
 # --- batching ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 import jax_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MiB = 2 ** 20
+SLACK = 2 ** 16  # the issue allows 1 MiB beyond; these tables are small, so 64 KiB here
 FLOATS = ("f16", "bf16", "f32", "f64", "f8e5m2", "f8e4m3fn")
 
 
@@ -86,10 +86,10 @@ def test_forward_keeps_the_table_sharded(rows, name):
     assert not _float_collectives(rec), rec["collectives"]  # integers only
     if "grad" in name:
         assert rec["spec"][0] == "x", rec  # the gradient keeps the table's sharding
-        assert rec["temp"] <= 2 * table / n + 4 * result + MiB, rec
+        assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
         return
     assert sum(sizes) <= 4 * result, rec["collectives"]
-    assert rec["temp"] <= table / n + 4 * result + MiB, rec
+    assert rec["temp"] <= table / n + 4 * result + SLACK, rec
 
 
 @pytest.mark.parametrize("name", _names("step"))
@@ -100,7 +100,7 @@ def test_training_step_keeps_the_table_sharded_with_one_devices_bits(rows, name)
     # The cotangent rows cross devices (result-sized); the table never does.
     assert not any(c[2] >= table / 2 and c[2] > result for c in rec["collectives"]), rec
     assert not _float_collectives(rec), rec["collectives"]
-    assert rec["temp"] <= 2 * table / n + 4 * result + MiB, rec
+    assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
 
 
 @pytest.mark.parametrize("name", _names("reshard"))

@@ -48,6 +48,7 @@ class Case(TypedDict):
     # its rows, without the memory state (which the caller adds)
     measure: NotRequired[Callable[[], list[Row]]]
     sites: NotRequired[list[int]]  # the lowering rows' numbers of call sites
+    device_memory: NotRequired[bool]  # report each side's per-device temp (memory_analysis)
 
 
 class Meta(TypedDict):

@@ -66,6 +66,8 @@ COLUMNS: list[Column] = [
     ("lax", 6, lambda r: _fmt_x(r.get("lax_ratio"))),
     ("tuned", 6, lambda r: _fmt_x(r.get("tuned_ratio"))),
     ("tuning s", 8, lambda r: "-" if r.get("tune_s") is None else f"{r['tune_s']:.1f}"),
+    ("temp/device MiB", 15, lambda r: "-" if r.get("temp_mib") is None else
+     f"{r['temp_mib']:.1f}/{r['ref_temp_mib']:.1f}"),
     ("ran", -28, lambda r: _ran(r)),
 ]
 

@@ -4,10 +4,15 @@ a 1-D mesh over axis "x"): jax_ext against the jnp built-ins under the same shar
 * select: rows sharded with a broadcast row condition; columns sharded with a broadcast
   condition; 1-D, all three operands sharded. Reference ``jnp.where``.
 * gather: the index sharded with src replicated; vmap with the batch sharded; src
-  sharded along the gathered dim (jax_ext all-gathers src there; ``jnp.take`` may
-  partition differently). Reference ``jnp.take(..., mode="fill", fill_value=0)``; rows
-  are 64 f32 (256 bytes), so ``align_bytes=32`` adds no columns and both results agree
-  bit for bit.
+  sharded along the gathered dim (a row-sharded table), with as many indices as rows
+  (jax_ext copies the table there, the cheaper way) and with few (the table stays
+  sharded); a training step on a row-sharded table (loss on the gathered rows, SGD
+  update, the table's sharding out). Reference ``jnp.take(..., mode="fill",
+  fill_value=0)`` under the same shardings; rows are 64 f32 (256 bytes), so
+  ``align_bytes=32`` adds no columns and both results agree bit for bit (the training
+  step's within rounding: XLA sums jnp's duplicate rows in its own order). The
+  row-sharded cases also report each side's per-device temp memory
+  (``memory_analysis()``).
 
 Every name starts with "shard", so ``--only shard`` picks exactly these.
 """
@@ -108,7 +113,37 @@ def _gather(mesh: Mesh, name: str, src_shape: Shape, idx_shape: Shape,
 
     n = int(np.prod(idx_shape))
     d = src_shape[-1]
-    return _case(name, "gather", np.float32, n * d, 4 * n + 2 * 4 * n * d, make)
+    case = _case(name, "gather", np.float32, n * d, 4 * n + 2 * 4 * n * d, make)
+    if specs[0] != P():
+        case["device_memory"] = True
+    return case
+
+
+def _step(gather_rows: Callable[[jax.Array, jax.Array], jax.Array]
+          ) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    """One SGD step of a row-sharded table: a weighted sum of the gathered rows."""
+    def step(t: jax.Array, i: jax.Array, w: jax.Array) -> jax.Array:
+        g = jax.grad(lambda t: jnp.sum(gather_rows(t, i) * w))(t)
+        out: jax.Array = t - 0.01 * g
+        return out
+    return step
+
+
+def _train_step(mesh: Mesh, name: str, rows: int, d: int, n: int, seed: int = 0) -> Case:
+    def make() -> Made:
+        rng = np.random.default_rng(seed)
+        t = rng.standard_normal((rows, d)).astype(np.float32)
+        idx = _index(rng, rows, (n,))
+        w = rng.standard_normal((n, d)).astype(np.float32)
+        args = (_put(mesh, t, P("x", None)), _put(mesh, idx, P("x")),
+                _put(mesh, w, P("x", None)))
+        out = NamedSharding(mesh, P("x", None))
+        return (jax.jit(_step(_ours), out_shardings=out),
+                jax.jit(_step(_take), out_shardings=out), args)
+
+    case = _case(name, "gather_grad", np.float32, n * d, 4 * (2 * rows * d + 3 * n * d), make)
+    case.update(exact=False, device_memory=True)
+    return case
 
 
 def cases(quick: bool, devices: int) -> list[Case]:
@@ -117,6 +152,7 @@ def cases(quick: bool, devices: int) -> list[Case]:
     m, k = (1024, 1024) if quick else (4096, 1024)
     big = 1 << (20 if quick else 22)
     rows, d, n = (65536, 64, 65536) if quick else (262144, 64, 262144)
+    few = rows // 32  # a result far smaller than the table
     b = 2 * devices
     return [
         _select(mesh, f"shard select rows ({m},{k}) cond({m},1) {tag}",
@@ -131,4 +167,9 @@ def cases(quick: bool, devices: int) -> list[Case]:
                 (b, rows // b, d), (b, n // b), (P("x"), P("x")), batched=True),
         _gather(mesh, f"shard gather src rows sharded ({rows},{d}) {tag}", (rows, d), (n,),
                 (P("x"), P())),
+        _gather(mesh, f"shard gather src rows sharded ({rows},{d}) n={few} {tag}", (rows, d),
+                (few,), (P("x"), P("x"))),
+        _train_step(mesh, f"shard train step rows sharded ({rows},{d}) n={few} {tag}", rows, d,
+                    few),
+        _train_step(mesh, f"shard train step rows sharded ({rows},{d}) n={n} {tag}", rows, d, n),
     ]

@@ -258,6 +258,8 @@ def _measure(case: Case, rounds: int, min_sample_s: float, patterns: Sequence[st
             tuned = _tune(ours, args, tune_budget_s, patterns)
         tuned["tuned_picked"] = _picked(ours, args, _tuned)
     check = _check(case, ours, theirs, args, host)
+    if case.get("device_memory"):
+        tuned.update(temp_mib=_temp_mib(ours, args), ref_temp_mib=_temp_mib(theirs, args))
     rows = []
     for pattern in patterns:
         sides = _sides(case, ours, theirs, args, host, pattern, check["ort"])
@@ -351,6 +353,12 @@ def _sample(sides: dict[str, Call], pattern: str, rounds: int, min_sample_s: flo
         if copy is not None:
             copies.append(_time_sides([_host_side(copy, (), "reused")], "loop", iters)[0][0])
     return times, faults, copies, iters
+
+
+def _temp_mib(f: Callable[..., Any], args: Sequence[Any]) -> float:
+    """The per-device temp memory of jitted `f`'s compiled program, MiB."""
+    stats = f.lower(*args).compile().memory_analysis()  # type: ignore[attr-defined]
+    return float(stats.temp_size_in_bytes) / 2 ** 20
 
 
 def _row(case: Case, pattern: str, times: dict[str, list[float]],
