@@ -122,6 +122,29 @@ def row_dtype(dims: Sequence[int], carrier: np.dtype[Any]) -> np.dtype[Any]:
     return np.dtype(np.int32) if total <= np.iinfo(np.int32).max else carrier
 
 
+def held_rows(valid: jax.Array, row: jax.Array, dims: Sequence[int], local: Sequence[int],
+              specs: Sequence[SpecEntry]) -> tuple[jax.Array, jax.Array]:
+    """Which of the global flat rows `row` (of src's row dims `dims`, from `rows`) this
+    device's shard holds, and where in the shard (its flat row), for a shard of `local`
+    rows per dim, sharded per dim by `specs` (a mesh axis or axes; None: whole)."""
+    wide = row.dtype  # holds every flat row (row_dtype)
+    rem = row
+    coords = []
+    for d in reversed(dims[1:]):
+        coords.append(rem % d)
+        rem = rem // d
+    coords.append(rem)
+    held = valid
+    flat: jax.Array | None = None
+    for c, d, e in zip(reversed(coords), local, specs):
+        if e is not None:
+            c = c - lax.convert_element_type(lax.axis_index(e), wide) * d
+            held = held & (c >= 0) & (c < d)
+        flat = c if flat is None else flat * d + c
+    assert flat is not None
+    return held, flat
+
+
 def pad_mask(valid: jax.Array, last: int, row_len: int, mid: Sequence[int]) -> jax.Array:
     """True at every padded position of a result: bshape + (n, *mid, row_len)."""
     col = jnp.arange(row_len) >= last

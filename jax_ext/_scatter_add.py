@@ -184,10 +184,9 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
 
     def local_rows_sharded(bind: Callable[..., jax.Array], ct: jax.Array, offsets: jax.Array,
                            index: jax.Array, num: jax.Array) -> jax.Array:
-        from ._gather_rules import held_rows
         valid, row = _rows.rows(offsets, index, num, sshape=src_shape, dim=dim,
                                 check_bounds=check_bounds)
-        held, lrow = held_rows(valid, row, src_shape[:dim + 1], local_rows, row_specs)
+        held, lrow = _rows.held_rows(valid, row, src_shape[:dim + 1], local_rows, row_specs)
         ob = (1,) * nbatch
         out = bind(ct, jnp.zeros(ob + (1,), offsets.dtype), jnp.where(held, lrow, -1),
                    jnp.full(ob, index.shape[-1], num.dtype), dim=0,
