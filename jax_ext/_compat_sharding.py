@@ -76,6 +76,47 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         return None
 
 
+def export_mesh(ctx: mlir.LoweringRuleContext) -> Any | None:
+    """The abstract mesh with Explicit axes that a call lowered for jax.export is typed on,
+    or None. custom_partitioning's partitioner is a Python callback, which jax cannot
+    serialize; a shard_map region serializes, so there the call is partitioned through
+    one (`_partition.shard_mapped`). With auto axes nothing in the lowering says how the
+    operands are sharded: None."""
+    try:
+        mc = ctx.module_context
+        if not mc.lowering_parameters.for_export or gspmd():
+            return None
+        if not isinstance(mc.axis_context, ShardingContext):
+            return None  # shard_map bodies, pmap
+        for a in ctx.avals_in:
+            mesh = getattr(getattr(a, "sharding", None), "mesh", None)
+            if (mesh is not None and not mesh.empty and not mesh.are_all_axes_manual
+                    and mesh.explicit_axes):
+                return mesh
+        return None
+    except Exception as e:
+        fallback("jax's lowering context did not say how an exported call is sharded: it "
+                 "lowers unpartitioned (replicated)", e)
+        return None
+
+
+def exported_auto_sharded(ctx: mlir.LoweringRuleContext) -> bool:
+    """Is the call lowered for jax.export, for several devices, with no Explicit mesh axis
+    to partition it by (`export_mesh`)? XLA partitions such a program after it is
+    deserialized, with no Python callback: a custom call would see whole operands."""
+    try:
+        mc = ctx.module_context
+        if not mc.lowering_parameters.for_export:
+            return False
+        ac = mc.axis_context
+        return (isinstance(ac, ShardingContext) and ac.num_devices > 1
+                and export_mesh(ctx) is None)
+    except Exception as e:
+        fallback("jax's lowering context did not say how many devices an exported call "
+                 "runs on: it lowers as for one", e)
+        return False
+
+
 def shard_map_partitioning() -> Any | None:
     """The abstract mesh, when jax lowers the ops of an Explicit mesh through shard_map
     (jax_partitioning on, jax 0.12+: custom_partitioning has no rule there); else None."""

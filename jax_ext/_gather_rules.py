@@ -112,9 +112,8 @@ def _lax_geometry(src: jax.Array, avals: Sequence[Aval], *, dim: int, row_len: i
     row_shape = mid + (last,) + ex
     out_aval = _gather_abstract_eval(*avals, dim=dim, row_len=row_len, nbatch=nbatch, **params)
     # Under explicit mesh axes every op states its result's sharding: the result's spec,
-    # with src's row dims (0..dim) replicated, as the kernels have them, which keeps the
-    # bits (XLA's own partitioning of a row-sharded gather masks and all-reduces, which
-    # turns -0.0 into +0.0 and quiets signalling NaNs).
+    # with src's row dims (0..dim) replicated, as the kernels have them where this runs
+    # unpartitioned (a row-sharded src is partitioned by the kernels' rule first).
     o = _compat_sharding.spec_entries(out_aval)
     o = o[:-1] + ((o[-1] if row_len == last else None),) + (None,) * len(ex)
     return _LaxGeometry(bshape, n, mid, last, math.prod(sshape[:dim + 1]), ex, row_shape,
@@ -176,17 +175,20 @@ def _gather_lax(src: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
     with their producers and consumers, as for jnp.take. Batch dims stay batch dims
     (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
     without communication; a src broadcast along a batch dim is read without it.
-    Exact: every value moves through _lowering.exact_view. A src sharded along its rows
-    (dims 0..dim) is replicated along them first, as for the kernels: on CPU meshes by
-    the kernels' partitioning rule (`partition_lax` below), under explicit axes by the
-    sharding spelled out here; only XLA's own partitioning of auto axes elsewhere (other
-    platforms, the GSPMD partitioner) masks and all-reduces, as for jnp.take."""
+    Exact: every value moves through _lowering.exact_view, every float as integers. A src
+    sharded along its rows (dims 0..dim) stays so on CPU meshes by the kernels'
+    partitioning rule (`partition_lax` below); where XLA partitions this gather itself
+    (auto axes on other platforms, the GSPMD partitioner, an exported program), it masks
+    and all-reduces with an add, as for jnp.take, but of integers: the bits are kept."""
     avals = tuple(map(jax.typeof, (src, offsets, index, num, pad)))
     geo = _lax_geometry(src, avals, dim=dim, row_len=row_len, nbatch=nbatch,
                         params=dict(check_bounds=check_bounds, impl=impl))
     valid, row = _rows.rows(offsets, index, num, sshape=src.shape[nbatch:], dim=dim,
                             check_bounds=check_bounds)
-    sv, pv = _lowering.exact_view(src, bytes=True), _lowering.exact_view(pad, bytes=True)
+    # Every float as integers: where XLA partitions this gather itself (auto axes on other
+    # platforms, the GSPMD partitioner, an exported program), it masks the rows a device
+    # does not hold and all-reduces with an add, which on integers keeps every bit.
+    sv, pv = (_lowering.exact_view(a, bytes=True, every_float=True) for a in (src, pad))
     g = _lax_take(geo, src, sv, row, nbatch)
     return _lowering.from_view(_lax_pads(geo, g, valid, pad, pv, row_len, nbatch), src.dtype)
 
@@ -277,6 +279,57 @@ def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int]
     return in_specs, o, local
 
 
+@dataclasses.dataclass(frozen=True)
+class _RowsSharded:
+    """The gather from a src that stays sharded along its rows (the `row_axes`), on one
+    device: see `_rows_sharded`."""
+    sshape: tuple[int, ...]          # one global src
+    dim: int
+    nbatch: int
+    check_bounds: bool
+    row_specs: tuple[SpecEntry, ...]  # src's row dims (0..dim)
+    row_axes: tuple[str, ...]
+    local_rows: tuple[int, ...]       # a shard's extent along each row dim
+    n_spec: SpecEntry                 # the result's index dim
+    n_block: int                      # the result's index dim on one device
+    n_pad: int                        # the indices each device gathers for
+    scatter: bool                     # a reduce-scatter (else an all-reduce)
+    last: int                         # src's last dim on one device
+    row_len: int                      # the result's last dim on one device
+
+    def ids(self, offsets: jax.Array, index: jax.Array,
+            num: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(this shard's flat row for each index, -1 where it holds none; valid)."""
+        if not self.scatter and self.n_spec is not None:  # this device's block of indices
+            first = lax.convert_element_type(lax.axis_index(self.n_spec), num.dtype)
+            num = lax.clamp(np.array(0, num.dtype), num - first * self.n_block,
+                            np.array(self.n_block, num.dtype))
+        valid, row = _rows.rows(offsets, index, num, sshape=self.sshape, dim=self.dim,
+                                check_bounds=self.check_bounds)
+        held, lrow = _rows.held_rows(valid, row, self.sshape[:self.dim + 1],
+                                     self.local_rows, self.row_specs)
+        ids = jnp.where(held, lrow, -1)
+        more = self.n_pad - ids.shape[-1]
+        if more:  # the reduce-scatter's blocks: pad rows past n
+            ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, more)], constant_values=-1)
+            valid = jnp.pad(valid, [(0, 0)] * (valid.ndim - 1) + [(0, more)])
+        return ids, valid
+
+    def combine(self, part: jax.Array, valid: jax.Array, pad: jax.Array) -> jax.Array:
+        """The devices' rows (wire values, zero where a device holds none) summed, this
+        device's block of the result kept, pad rows and padding columns set."""
+        nb = self.nbatch
+        if self.scatter:
+            part = lax.psum_scatter(part, self.row_axes, scatter_dimension=nb, tiled=True)
+            blk = lax.axis_index(self.row_axes) * self.n_block
+            valid = lax.dynamic_slice_in_dim(valid, blk, self.n_block, axis=valid.ndim - 1)
+        else:
+            part = lax.psum(part, self.row_axes)
+        mask = _rows.pad_mask(valid, self.last, self.row_len, tuple(part.shape[nb + 1:-1]))
+        pw = _partition.to_wire(pad)
+        return jnp.where(mask, pw.reshape(pw.shape + (1,) * (part.ndim - nb)), part)
+
+
 def _rows_sharded(o: list[SpecEntry], mesh_shape: Mapping[str, int], avals_in: Sequence[Aval],
                   aval_out: Aval, row_specs: Sequence[SpecEntry], row_axes: tuple[str, ...],
                   scatter: bool, *, dim: int, row_len: int, nbatch: int, check_bounds: bool,
@@ -296,76 +349,36 @@ def _rows_sharded(o: list[SpecEntry], mesh_shape: Mapping[str, int], avals_in: S
     sshape = src.shape[nbatch:]
     # The result's dims other than n may not use the rows' axes.
     o = [None if set(_partition.axes_of(e)) & set(row_axes) else e for e in o]
-    k = math.prod(mesh_shape[a] for a in row_axes)
-    o[nbatch] = (row_axes[0] if len(row_axes) == 1 else row_axes) if scatter else o[nbatch]
+    if scatter:
+        o[nbatch] = row_axes[0] if len(row_axes) == 1 else row_axes
     in_specs = [_rows.batch_spec(o, a, bshape) for a in avals_in]
     in_specs[0] += list(row_specs) + o[nbatch + 1:]
     in_specs[1] += [None]
     in_specs[2] += [None if scatter else o[nbatch]]
-    local_rows = [_partition.local_size(d, e, mesh_shape)
-                  for d, e in zip(sshape[:dim + 1], row_specs)]
-    local_row_len = _partition.local_size(row_len, o[-1], mesh_shape)
-    last = _partition.local_size(sshape[-1], o[-1], mesh_shape)
     n_block = _partition.local_size(n, o[nbatch], mesh_shape)
-    n_pad = n_block * k if scatter else n_block  # the indices each device gathers for
+    k = math.prod(mesh_shape[a] for a in row_axes)
+    plan = _RowsSharded(
+        tuple(sshape), dim, nbatch, check_bounds, tuple(row_specs), row_axes,
+        tuple(_partition.local_size(d, e, mesh_shape) for d, e in zip(sshape[:dim + 1],
+                                                                        row_specs)),
+        o[nbatch], n_block, n_block * k if scatter else n_block, scatter,
+        _partition.local_size(sshape[-1], o[-1], mesh_shape),
+        _partition.local_size(row_len, o[-1], mesh_shape))
 
     def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
               index: jax.Array, num: jax.Array, pad: jax.Array) -> jax.Array:
-        if not scatter and o[nbatch] is not None:  # this device's block of the indices
-            first = lax.convert_element_type(lax.axis_index(o[nbatch]), num.dtype) * n_block
-            num = lax.clamp(np.array(0, num.dtype), num - first, np.array(n_block, num.dtype))
-        valid, row = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
-                                check_bounds=check_bounds)
-        held, lrow = held_rows(valid, row, sshape[:dim + 1], local_rows, row_specs)
-        ids = jnp.where(held, lrow, -1)
-        if n_pad != ids.shape[-1]:  # the reduce-scatter's blocks: pad rows past n
-            ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, n_pad - ids.shape[-1])],
-                          constant_values=-1)
-            valid = jnp.pad(valid, [(0, 0)] * (valid.ndim - 1) + [(0, n_pad - valid.shape[-1])])
-        flat = s.reshape(s.shape[:nbatch] + (math.prod(local_rows),)
+        ids, valid = plan.ids(offsets, index, num)
+        flat = s.reshape(s.shape[:nbatch] + (math.prod(plan.local_rows),)
                          + s.shape[nbatch + dim + 1:])
         ob = (1,) * nbatch
         # src as it is (its wire view would be copied for the kernel), the rows as wire
         # values: those are summed.
         part = _partition.to_wire(bind(
-            flat, jnp.zeros(ob + (1,), offsets.dtype), ids, jnp.full(ob, n_pad, num.dtype),
-            jnp.zeros(ob, s.dtype), dim=0, row_len=local_row_len, nbatch=nbatch,
+            flat, jnp.zeros(ob + (1,), offsets.dtype), ids, jnp.full(ob, plan.n_pad, num.dtype),
+            jnp.zeros(ob, s.dtype), dim=0, row_len=plan.row_len, nbatch=nbatch,
             check_bounds=True, **params))
-        if scatter:
-            part = lax.psum_scatter(part, row_axes, scatter_dimension=nbatch, tiled=True)
-            blk = lax.axis_index(row_axes) * n_block
-            valid = lax.dynamic_slice_in_dim(valid, blk, n_block, axis=valid.ndim - 1)
-        else:
-            part = lax.psum(part, row_axes)
-        mid = tuple(part.shape[nbatch + 1:-1])
-        mask = _rows.pad_mask(valid, last, local_row_len, mid)
-        pw = _partition.to_wire(pad)
-        out = jnp.where(mask, pw.reshape(pw.shape + (1,) * (part.ndim - nbatch)), part)
-        return _partition.from_wire(out, s.dtype)
+        return _partition.from_wire(plan.combine(part, valid, pad), s.dtype)
     return in_specs, o, local
-
-
-def held_rows(valid: jax.Array, row: jax.Array, dims: Sequence[int], local: Sequence[int],
-               specs: Sequence[SpecEntry]) -> tuple[jax.Array, jax.Array]:
-    """Which of the global flat rows `row` (of src's row dims `dims`) this device's shard
-    holds, and where in the shard (its flat row), for a shard of `local` rows per dim,
-    sharded per dim by `specs`."""
-    wide = row.dtype  # holds every flat row (_rows.row_dtype)
-    rem = row
-    coords = []
-    for d in reversed(dims[1:]):
-        coords.append(rem % d)
-        rem = rem // d
-    coords.append(rem)
-    held = valid
-    flat: jax.Array | None = None
-    for c, d, e in zip(reversed(coords), local, specs):
-        if e is not None:
-            c = c - lax.convert_element_type(lax.axis_index(e), wide) * d
-            held = held & (c >= 0) & (c < d)
-        flat = c if flat is None else flat * d + c
-    assert flat is not None
-    return held, flat
 
 
 # --- autodiff ---------------------------------------------------------------------------
@@ -463,9 +476,9 @@ def _gather_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int
 
 gather_p.def_impl(lambda *args, **params: _compat.apply_primitive(gather_p, *args, **params))
 gather_p.def_abstract_eval(_gather_abstract_eval)
-# partition_lax: XLA partitions a gather from a src sharded along its rows as mask and
-# all-reduce, which turns -0.0 into +0.0 and quiets signalling NaNs; the kernels' rule
-# (src replicated along dims 0..dim) keeps the bits on the lax path too.
+# partition_lax: the lax path partitions by the kernels' rule too, so that on CPU meshes
+# every path gives the same bits, memory and collectives (XLA's own partitioning of a
+# row-sharded gather all-reduces the whole result, with the index replicated).
 _lowering.register(gather_p, _names.GATHER, _gather_lax, _gather_native,
                    spmd=_partition.Spmd(_gather_spmd_rule, _gather_spmd_partition),
                    partition_lax=True)

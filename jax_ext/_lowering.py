@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.typing import DTypeLike
@@ -98,6 +99,9 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
             return auto.Choice(False, "requested")
         if not native_available():
             return auto.Choice(False, "native module not loaded")
+        if spmd is not None and _compat_sharding.exported_auto_sharded(ctx):
+            return auto.Choice(False, "exported for several devices on auto mesh axes: the "
+                               "lax path, which XLA partitions itself with the same bits")
         if requested == "native":
             return auto.Choice(True, "requested")
         return auto.choose(names, prim, ctx, args, params)
@@ -114,10 +118,15 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                                      f"{beyond}. Use impl='auto' or 'lax', which compute it.")
                 use, why = False, beyond
         out: IrValues | None = None
+        exported = (None if raw is None or spmd is None
+                    else _compat_sharding.export_mesh(ctx))
         if use:
             if (raw is not None and spmd is not None
                     and _compat_sharding.spmd_mesh_shape(ctx) is not None):
                 out = _partition.partition(ctx, raw, spmd, args, params | extra(ctx, args))
+            elif exported is not None and raw is not None and spmd is not None:
+                out = _partition.shard_mapped(ctx, raw, spmd, args, params | extra(ctx, args),
+                                              exported)
             else:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
@@ -133,6 +142,11 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                 out = _partition.shard_mapped(ctx, raw_lax, spmd, args, params, mesh)
             elif partition_lax:
                 out = _partition.partitioned(ctx, raw_lax, spmd, args, params)
+        if (out is None and partition_lax and raw_lax is not None and spmd is not None
+                and exported is not None):
+            # Exported under explicit axes: the lax path of an op that partitions by its
+            # rule on CPU meshes does so through a shard_map, which serializes.
+            out = _partition.shard_mapped(ctx, raw_lax, spmd, args, params, exported)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)
@@ -266,11 +280,15 @@ def view_dims(dtype: DTypeLike, bytes: bool = False) -> tuple[int, ...]:
     return (dt.itemsize,) if bytes and dt.name in BYTE_VIEW else ()
 
 
-def exact_view(x: jax.Array, bytes: bool = False) -> jax.Array:
+def exact_view(x: jax.Array, bytes: bool = False, every_float: bool = False) -> jax.Array:
     """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: with
     `bytes`, uint8 with a trailing dim of the itemsize for BYTE_VIEW dtypes; otherwise
-    (and for the other dtypes) a same-width uint."""
+    (and for the other dtypes) a same-width uint. `every_float`: every floating dtype as
+    a uint of its width (a value XLA's partitioner may sum across devices: as integers,
+    one device's bits plus zeros are those bits)."""
     dt = np.dtype(x.dtype)
+    if every_float and dt.name not in XLA_INEXACT and jnp.issubdtype(dt, jnp.floating):
+        return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
     if bytes and dt.name in BYTE_VIEW:
         # Split by shifts, not by a bitcast to uint8: a bitcast that changes the element
         # width cannot be shape-refined once a dimension is symbolic (jax.export).

@@ -312,10 +312,55 @@ def reshard_checks():
                 return {"collectives": collectives(cc.as_text())}
 
 
+# --- jax.export of sharded programs: serialized, deserialized, called on the mesh ---------
+
+def _same_spec(a, b):
+    return spec_of(a) == spec_of(b)
+
+
+def export_checks():
+    t = bits(BF16, (R, C))
+    tf = rng.standard_normal((R, C)).astype(np.float32)
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    w = rng.standard_normal((N, C)).astype(np.float32)
+    c = rng.random((R, C)) > 0.5
+    y = bits(BF16, (R, C))
+    programs = {
+        "gather": (lambda t, i: jax_ext.gather(t, [0], 0, i), (t, idx), (P("x", None), P("x")),
+                   None),
+        "step": (step, (tf, idx, w), (P("x", None), P("x"), P("x", None)), P("x", None)),
+        "select cols": (lambda c, x, y: jax_ext.select(c, x, y), (c, t, y),
+                        (P(None, "x"), P(None, "x"), P(None, "x")), None),
+        "where": (lambda c, x, y: jax_ext.where(c, x, y), (c, t, y),
+                  (P("x", None), P("x", None), P("x", None)), None),
+    }
+    for kind, mesh in (("auto", MESH), ("explicit", EMESH)):
+        for name, (f, host, specs, out) in programs.items():
+            for impl in IMPLS:
+                @check(f"export[{name},{kind},{impl}]")
+                def _():
+                    args = [put(a, mesh, s) for a, s in zip(host, specs)]
+                    kw = {} if out is None else {"out_shardings": NamedSharding(mesh, out)}
+                    with jax_ext.implementation(impl):
+                        jf = jax.jit(f, **kw)
+                        want = jf(*args)
+                        exp = jax.export.export(jf, disabled_checks=jax_ext.export_checks())(
+                            *args)
+                    back = jax.export.deserialize(exp.serialize())
+                    got = back.call(*args)
+                    same_bits(got, want)
+                    assert _same_spec(got, want), (spec_of(got), spec_of(want))
+                    rec = compiled(back.call, *args)
+                    rec.update(spec=spec_of(got), table=host[0].nbytes, ndev=8,
+                               result=int(np.prod(want.shape)) * want.dtype.itemsize)
+                    return rec
+
+
 if __name__ == "__main__":
     outdir = sys.argv[1]
     assert len(DEV) == 8, DEV
-    for run in (forward_checks, explicit_checks, step_checks, other_checks, reshard_checks):
+    for run in (forward_checks, explicit_checks, step_checks, other_checks, reshard_checks,
+                export_checks):
         run()
     with open(os.path.join(outdir, "rows.json"), "w") as fh:
         json.dump(RESULTS, fh)

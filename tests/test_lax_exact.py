@@ -393,9 +393,10 @@ def test_lax_sharded(sharded, name):
     assert rec["ok"], rec["error"]
     assert rec["equal"], rec  # exact: -0.0 and the signalling NaN kept for row shards
     if name.startswith("gather_src_rows_sharded"):
-        # Replicated along the rows, as the kernels have it: an all-gather, never the
-        # mask-and-all-reduce XLA would partition it into.
-        assert "all-reduce" not in rec["collectives"], rec
+        # Kept sharded along the rows, as the kernels have it: one all-reduce of integers
+        # (the index, and so the result, replicated), exact as "equal" shows; never an
+        # all-gather of src.
+        assert rec["collectives"] == ["all-reduce"], rec
     else:
         assert rec["collectives"] == [], rec
 

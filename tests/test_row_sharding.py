@@ -58,6 +58,9 @@ def _names(prefix):
                 for i in impls] + [f"explicit_grad[{i}]" for i in impls]
     if prefix == "other":
         return [f"{c}[{i}]" for c in ("vmap", "mesh2d_dims_before_dim") for i in impls]
+    if prefix == "export":
+        return [f"export[{p},{k},{i}]" for p in ("gather", "step", "select cols", "where")
+                for k in ("auto", "explicit") for i in impls]
     return [f"reshard[{op},{dt},{how},{i}]" for dt in ("bfloat16", "float8_e5m2")
             for op, hows in (("where", ("out free", "out resharded")),
                              ("select", ("out free", "out resharded")),
@@ -107,3 +110,17 @@ def test_training_step_keeps_the_table_sharded_with_one_devices_bits(rows, name)
 def test_bits_survive_every_reshard(rows, name):
     rec = _get(rows, name)  # the child compared the bits with numpy's
     assert not _float_collectives(rec), rec["collectives"]
+
+
+@pytest.mark.parametrize("name", _names("export"))
+def test_sharded_export_round_trip(rows, name):
+    """Exported, serialized, deserialized and called on the mesh: the child compared bits
+    and result sharding with the direct jit's. The deserialized program keeps the table
+    sharded (auto axes: the lax path, which XLA partitions with integer sums; explicit
+    axes: a shard_map region) and its bf16 values move as integers."""
+    rec = _get(rows, name)
+    table, result, n = rec["table"], rec["result"], rec["ndev"]
+    assert not any(c[2] >= table / 2 for c in rec["collectives"]), rec["collectives"]
+    assert not [c for c in rec["collectives"] if c[1] in ("bf16", "f8e5m2")], rec
+    assert not [c for c in rec["collectives"] if c[1] in FLOATS and c[0] != "all-gather"], rec
+    assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
