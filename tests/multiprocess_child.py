@@ -2,7 +2,8 @@
 (gloo CPU collectives, 2 host devices per process), then runs the sharding matrix of
 sharding_checks.py over the 4 global devices, and a data-parallel training step under
 shard_map (replicated parameters, the batch sharded over both processes' devices) against
-its jnp twin, and writes OUTDIR/process<ID>.json.
+its jnp twin, and a table sharded along its rows over both processes (forward and a
+training step), and writes OUTDIR/process<ID>.json.
 
     python tests/multiprocess_child.py PORT PROCESS_ID OUTDIR
 """
@@ -63,6 +64,45 @@ def training_step(sc, impl):
     assert losses[-1] < losses[0], losses
     return {"losses": losses}
 
+def row_sharded(sc, impl):
+    """A table sharded along its rows over both processes' devices: the forward (random
+    bfloat16 bits, pad rows) equals numpy's, a training step's updated table equals one
+    device's, and neither program moves the table or a float between devices."""
+    import jax_ext
+    import ml_dtypes
+    rng = np.random.default_rng(5)
+    mesh = sc.MESHES["auto"]
+    R, C, N = 2048, 32, 64
+    t = rng.integers(0, 2 ** 16, (R, C), dtype=np.uint16).view(ml_dtypes.bfloat16)
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    ok = (idx >= 0) & (idx < R)
+    want = np.where(ok[:, None], t[np.clip(idx, 0, R - 1)], np.zeros((), t.dtype))
+    rows, ids = (sc.global_array(t, NamedSharding(mesh, P("x", None))),
+                 sc.global_array(idx, NamedSharding(mesh, P("x"))))
+    f = jax.jit(lambda t, i: jax_ext.gather(t, [0], 0, i, pad_value=0))
+    with jax_ext.implementation(impl):
+        text = f.lower(rows, ids).compile().as_text()
+        sc.same_bits(f(rows, ids), want)
+    tf = rng.standard_normal((R, C)).astype(np.float32)
+    w = rng.standard_normal((N, C)).astype(np.float32)
+
+    def step(t, i, w):
+        g = jax.grad(lambda t: jnp.sum(jax_ext.gather(t, [0], 0, i, pad_value=0.0) * w))(t)
+        return t - 0.01 * g
+    local = jax.local_devices()[0]
+    with jax_ext.implementation(impl):
+        one = np.asarray(jax.jit(step)(*(jax.device_put(a, local) for a in (tf, idx, w))))
+        js = jax.jit(step, out_shardings=NamedSharding(mesh, P("x", None)))
+        args = (sc.global_array(tf, NamedSharding(mesh, P("x", None))), ids,
+                sc.global_array(w, NamedSharding(mesh, P("x", None))))
+        text += js.lower(*args).compile().as_text()
+        sc.same_bits(js(*args), one)
+    colls = [ln for ln in text.splitlines() if sc.COLL.search(ln)]
+    assert not [ln for ln in colls if f"[{R},{C}]" in ln], colls  # never the table
+    assert not [ln for ln in colls if " bf16[" in ln], colls
+    return {"collectives": len(colls)}
+
+
 if __name__ == "__main__":
     port, pid, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -77,6 +117,7 @@ if __name__ == "__main__":
     sc.run_matrix()
     for impl in sc.IMPLS:
         sc.check(f"shard_map_training_step[{impl}]")(lambda: training_step(sc, impl))
+        sc.check(f"row_sharded_table[{impl}]")(lambda: row_sharded(sc, impl))
     with open(os.path.join(outdir, f"process{pid}.json"), "w") as f:
         json.dump(sc.RESULTS, f, indent=1)
     jax.distributed.shutdown()

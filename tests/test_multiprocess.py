@@ -81,3 +81,14 @@ def test_shard_map_training_step_across_processes(results, impl):
         assert name in res, f"process {k}: {name} did not run"
         assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
     assert results[0][name]["losses"] == results[1][name]["losses"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_row_sharded_table_across_processes(results, impl):
+    """A table sharded along its rows over both processes' devices: the forward's bits
+    equal numpy's and a training step's table one device's, in both processes; no
+    collective carries the table or a bfloat16 (tests/multiprocess_child.py)."""
+    name = f"row_sharded_table[{impl}]"
+    for k, res in enumerate(results):
+        assert name in res, f"process {k}: {name} did not run"
+        assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
