@@ -238,7 +238,7 @@ def keep_rows_sharded(src: Aval, aval_out: Aval, scatter: bool) -> bool:
     about the result's bytes (a reduce-scatter; twice that for an all-reduce, where the
     result is not sharded along the index), copying src its bytes: the fewer wins."""
     moved = math.prod(aval_out.shape) * (1 if scatter else 2)
-    return moved < math.prod(src.shape)
+    return bool(moved < math.prod(src.shape))
 
 
 def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
@@ -320,11 +320,12 @@ class _RowsSharded:
         device's block of the result kept, pad rows and padding columns set."""
         nb = self.nbatch
         if self.scatter:
-            part = lax.psum_scatter(part, self.row_axes, scatter_dimension=nb, tiled=True)
+            part = lax.psum_scatter(  # type: ignore[no-untyped-call]  # unannotated in jax
+                part, self.row_axes, scatter_dimension=nb, tiled=True)
             blk = lax.axis_index(self.row_axes) * self.n_block
             valid = lax.dynamic_slice_in_dim(valid, blk, self.n_block, axis=valid.ndim - 1)
         else:
-            part = lax.psum(part, self.row_axes)
+            part = lax.psum(part, self.row_axes)  # type: ignore[no-untyped-call]  # unannotated in jax
         mask = _rows.pad_mask(valid, self.last, self.row_len, tuple(part.shape[nb + 1:-1]))
         pw = _partition.to_wire(pad)
         return jnp.where(mask, pw.reshape(pw.shape + (1,) * (part.ndim - nb)), part)

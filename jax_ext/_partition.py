@@ -161,10 +161,13 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
 
     avals_in, aval_out = ctx.avals_in, ctx.avals_out[0]
     f_in, f_out, replicated, reduction = spmd.rule(avals_in, aval_out, **params)
-    bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
-    whole = lambda *a: raw.bind(*a, **params)  # noqa: E731
-    fn = _compat_sharding.custom_partitioning(_wired(lambda _, *a: whole(*a), bind,
-                                                     avals_in, aval_out))
+    def bind(*a: jax.Array, **p: Any) -> jax.Array:
+        out: jax.Array = raw.bind(*a, **p)
+        return out
+
+    def whole(_: Callable[..., jax.Array], *a: jax.Array) -> jax.Array:
+        return bind(*a, **params)
+    fn = _compat_sharding.custom_partitioning(_wired(whole, bind, avals_in, aval_out))
 
     def partition(mesh: jax.sharding.Mesh, arg_shapes: Sequence[jax.ShapeDtypeStruct],
                   result_shape: jax.ShapeDtypeStruct
@@ -185,13 +188,17 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
                 tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in in_specs))
 
     order = {f: i for i, f in enumerate(dict.fromkeys(f for v in f_in + [f_out] for f in v))}
-    # Shardy's verifier wants them in the order the rule introduces them.
-    ordered = lambda fs: tuple(sorted(set(fs) & order.keys(), key=order.__getitem__))  # noqa: E731
+
+    def ordered(fs: Sequence[str]) -> tuple[str, ...]:
+        # Shardy's verifier wants them in the order the rule introduces them.
+        return tuple(sorted(set(fs) & order.keys(), key=order.__getitem__))
     fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
                      need_replication_factors=ordered(replicated),
                      reduction_factors=ordered(reduction))
-    rule: mlir.LoweringRule = mlir.lower_fun(
-        lambda *a: from_wire(fn(*map(to_wire, a)), aval_out.dtype), multiple_results=False)
+
+    def wired_call(*a: jax.Array) -> jax.Array:
+        return from_wire(fn(*map(to_wire, a)), aval_out.dtype)
+    rule: mlir.LoweringRule = mlir.lower_fun(wired_call, multiple_results=False)
     return rule(ctx, *args)
 
 

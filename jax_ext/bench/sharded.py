@@ -142,7 +142,7 @@ def _train_step(mesh: Mesh, name: str, rows: int, d: int, n: int, seed: int = 0)
                 jax.jit(_step(_take), out_shardings=out), args)
 
     case = _case(name, "gather_grad", np.float32, n * d, 4 * (2 * rows * d + 3 * n * d), make)
-    case.update(exact=False, device_memory=True)
+    case["exact"], case["device_memory"] = False, True
     return case
 
 
