@@ -69,11 +69,11 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
     is it an argument of the jitted function that the caller donated?).
 
     `spmd`: how the native call partitions. With it, a lowering for more than one device
-    wraps the call in custom_partitioning (see `_partition.Spmd`); on one device, inside shard_map,
-    for jax.export, under GSPMD, or without custom_partitioning it is the plain call.
+    partitions the call by it (`_partition.lower_partitioned`); on one device, inside
+    shard_map, under GSPMD, or without custom_partitioning it is the plain call.
 
     `partition_lax`: on CPU the lax path partitions by `spmd` too (each shard runs the lax
-    ops), where XLA's own partitioning of them would lose bits.
+    ops), so that every path keeps the same bits, memory and collectives.
 
     The rule itself runs at every call site (the choice, explain's record and donation are
     the site's); the lax path's lowering is traced and emitted once per module for each
@@ -118,35 +118,20 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                                      f"{beyond}. Use impl='auto' or 'lax', which compute it.")
                 use, why = False, beyond
         out: IrValues | None = None
-        exported = (None if raw is None or spmd is None
-                    else _compat_sharding.export_mesh(ctx))
         if use:
-            if (raw is not None and spmd is not None
-                    and _compat_sharding.spmd_mesh_shape(ctx) is not None):
-                out = _partition.partition(ctx, raw, spmd, args, params | extra(ctx, args))
-            elif exported is not None and raw is not None and spmd is not None:
-                out = _partition.shard_mapped(ctx, raw, spmd, args, params | extra(ctx, args),
-                                              exported)
-            else:
+            if raw is not None and spmd is not None:
+                out = _partition.lower_partitioned(ctx, raw, spmd, args,
+                                                   params | extra(ctx, args), lax_path=False,
+                                                   partition_lax=partition_lax)
+            if out is None:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
                 why = "dtype not handled natively"
         explain.record(ctx, op, "native" if out is not None else "lax", params["impl"], why,
                        choice.est_native_s, choice.est_lax_s, choice.site)
-        if (out is None and raw_lax is not None and spmd is not None
-                and _compat_sharding.spmd_mesh_shape(ctx) is not None):
-            # Under jax_partitioning every path partitions so: jax's gather and scatter
-            # cannot infer every result sharding, and auto_axes is not allowed there.
-            mesh = _compat_sharding.shard_map_partitioning()
-            if mesh is not None:
-                out = _partition.shard_mapped(ctx, raw_lax, spmd, args, params, mesh)
-            elif partition_lax:
-                out = _partition.partitioned(ctx, raw_lax, spmd, args, params)
-        if (out is None and partition_lax and raw_lax is not None and spmd is not None
-                and exported is not None):
-            # Exported under explicit axes: the lax path of an op that partitions by its
-            # rule on CPU meshes does so through a shard_map, which serializes.
-            out = _partition.shard_mapped(ctx, raw_lax, spmd, args, params, exported)
+        if out is None and raw_lax is not None and spmd is not None:
+            out = _partition.lower_partitioned(ctx, raw_lax, spmd, args, params, lax_path=True,
+                                               partition_lax=partition_lax)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)

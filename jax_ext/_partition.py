@@ -1,8 +1,9 @@
 """How a primitive's custom call is partitioned over a device mesh: the rules an op gives
 (`Spmd`), and the two ways jax_ext lowers a partitioned call with them -- through
 custom_partitioning (Shardy propagates with the op's rule, XLA asks for each shard's
-program) and, where jax lowers an Explicit mesh's ops through shard_map (jax_partitioning),
-through a shard_map of the same per-shard computation. `_lowering.register` decides when.
+program) and, where jax lowers an Explicit mesh's ops through shard_map (jax_partitioning)
+or a program is exported on explicit axes, through a shard_map of the same per-shard
+computation (`lower_partitioned` decides which).
 """
 from __future__ import annotations
 
@@ -234,14 +235,26 @@ def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     return rule(ctx, *args)
 
 
-def partition(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-               params: dict[str, Any]) -> IrValues:
-    """`raw` partitioned by `spmd`: through shard_map where jax lowers an Explicit mesh's
-    ops so, else through custom_partitioning."""
-    mesh = _compat_sharding.shard_map_partitioning()
-    if mesh is not None:
-        return shard_mapped(ctx, raw, spmd, args, params, mesh)
-    return partitioned(ctx, raw, spmd, args, params)
+def lower_partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd,
+                      args: Sequence[ir.Value[Any]], params: dict[str, Any], *, lax_path: bool,
+                      partition_lax: bool) -> IrValues | None:
+    """`raw` partitioned by `spmd` where the call site lies on a mesh of several devices,
+    else None (the caller lowers the plain call): through shard_map where jax lowers an
+    Explicit mesh's ops so (jax_partitioning) or the program is exported on explicit axes
+    (a shard_map region serializes), else through custom_partitioning. The lax path
+    (`lax_path`) partitions by `spmd` only where `partition_lax` says so, or under
+    jax_partitioning, where jax's gather and scatter cannot infer every result sharding
+    and auto_axes is not allowed; elsewhere XLA partitions its ops."""
+    if _compat_sharding.spmd_mesh_shape(ctx) is not None:
+        mesh = _compat_sharding.shard_map_partitioning()
+        if mesh is not None:
+            return shard_mapped(ctx, raw, spmd, args, params, mesh)
+        return partitioned(ctx, raw, spmd, args, params) if partition_lax or not lax_path \
+            else None
+    exported = _compat_sharding.export_mesh(ctx)
+    if exported is not None and (partition_lax or not lax_path):
+        return shard_mapped(ctx, raw, spmd, args, params, exported)
+    return None
 
 
 class _ShardBody:

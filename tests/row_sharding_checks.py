@@ -249,6 +249,19 @@ def other_checks():
             rec.update(table=s.nbytes, result=want.nbytes, ndev=8)
             return rec
 
+        @check(f"vmap_indices[{impl}]")
+        def _():
+            # One table, 4 index vectors: the table gets a broadcast batch dim.
+            s = bits(BF16, (1024, 32))
+            i = rng.integers(-2, 1026, (4, 64)).astype(np.int32)
+            want = np.stack([np_gather(s, i[b], 64, 0, 32) for b in range(4)])
+            f = jax.vmap(lambda i, s: jax_ext.gather(s, [0], 0, i, pad_value=0),
+                         in_axes=(0, None))
+            rec = rows_case(impl, lambda s, i: f(i, s), (put(s, MESH, P("x", None)),
+                                                        put(i, MESH, P(None, "x"))), want)
+            rec.update(table=s.nbytes, result=want.nbytes, ndev=8)
+            return rec
+
         @check(f"mesh2d_dims_before_dim[{impl}]")
         def _():
             # src (4, 512, 8, 32) sharded ("data", "model") along dims 0 and 1, gathered
@@ -356,11 +369,39 @@ def export_checks():
                     return rec
 
 
+def partitioning_checks():
+    """Under jax_partitioning (jax 0.12+: an Explicit mesh's ops lowered through
+    shard_map), forward and gradient of a row-sharded table, against the option off."""
+    t = np.round(rng.standard_normal((R, C)) * 4).astype(np.float32) + np.float32(0)
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    args = (put(t, EMESH, P("x", None)), put(idx, EMESH, P("x")))
+    f = jax.jit(lambda t, i: jax_ext.gather(t, [0], 0, i))
+    g = jax.jit(jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) ** 2)))
+    for impl in IMPLS:
+        @check(f"jax_partitioning[{impl}]")
+        def _():
+            with jax.set_mesh(EMESH), jax_ext.implementation(impl):
+                want = (f(*args), g(*args))
+                jax.config.update("jax_partitioning", True)
+                try:
+                    got = (f(*args), g(*args))
+                    rec = compiled(f, *args)
+                finally:
+                    jax.config.update("jax_partitioning", False)
+            for a, b in zip(got, want):
+                same_bits(a, b)
+                assert spec_of(a) == spec_of(b), (spec_of(a), spec_of(b))
+            rec.update(spec=spec_of(got[0]), table=t.nbytes, result=N * C * 4, ndev=8)
+            return rec
+
+
 if __name__ == "__main__":
     outdir = sys.argv[1]
     assert len(DEV) == 8, DEV
     for run in (forward_checks, explicit_checks, step_checks, other_checks, reshard_checks,
                 export_checks):
         run()
+    if "jax_partitioning" in jax.config.values:  # jax 0.12+
+        partitioning_checks()
     with open(os.path.join(outdir, "rows.json"), "w") as fh:
         json.dump(RESULTS, fh)

@@ -582,7 +582,7 @@ def run_export(outdir):
         exp = jax.export.export(jax.jit(exported_fn, in_shardings=shs),
                                 disabled_checks=jax_ext.export_checks())(*specs)
         text = exp.mlir_module()
-        assert "CustomSPMDPartitioning" not in text  # exported unpartitioned (replicated)
+        assert "CustomSPMDPartitioning" not in text  # a Python callback: not serializable
         with open(os.path.join(outdir, "exp4.bin"), "wb") as f:
             f.write(exp.serialize())
 
@@ -602,7 +602,13 @@ def load_exports(outdir):
             colls, targets, _ = compiled_info(jax.jit(exp.call), *args)
             for got, want in zip(jax.jit(exp.call)(*args), export_want()):
                 same_bits(got, want)
-            assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(targets), targets
+            if tag == "4dev":
+                # Exported on auto mesh axes: every call site that would be partitioned is
+                # the lax path, which XLA partitioned here (no kernel, no communication).
+                assert not [t for t in targets if t.startswith("jax_ext_")], targets
+                assert colls == [], colls
+            else:
+                assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(targets), targets
             return {"collectives": colls, "targets": targets}
 
 

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import jax_ext
@@ -57,7 +58,9 @@ def _names(prefix):
         return [f"explicit_forward[{m},{i}]" for m in ("set_mesh", "no set_mesh")
                 for i in impls] + [f"explicit_grad[{i}]" for i in impls]
     if prefix == "other":
-        return [f"{c}[{i}]" for c in ("vmap", "mesh2d_dims_before_dim") for i in impls]
+        return [f"{c}[{i}]" for c in ("vmap", "vmap_indices", "mesh2d_dims_before_dim")
+                for i in impls] + [f"jax_partitioning[{i}]" for i in impls
+                                   if "jax_partitioning" in jax.config.values]
     if prefix == "export":
         return [f"export[{p},{k},{i}]" for p in ("gather", "step", "select cols", "where")
                 for k in ("auto", "explicit") for i in impls]
