@@ -180,7 +180,13 @@ def test_uneven_index_gradient_does_not_abort(impl, x64):
 @pytest.mark.parametrize("name", ROUNDTRIP)
 def test_export_roundtrip_in_fresh_process(results, name):
     rec = _get(results, name)
-    assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(rec["targets"])
+    if name.endswith("[4dev]"):
+        # Exported on auto mesh axes for 4 devices: the lax path, partitioned by XLA when
+        # the deserialized program compiles, with no communication (the bits: the child).
+        assert not [t for t in rec["targets"] if t.startswith("jax_ext_")], rec
+        assert rec["collectives"] == [], rec
+    else:
+        assert {"jax_ext_select_v2", "jax_ext_gather_v2"} <= set(rec["targets"])
 
 
 def test_export_checks_lists_versioned_targets():
