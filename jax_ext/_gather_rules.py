@@ -268,14 +268,21 @@ def _gather_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int]
     in_specs[2] += [o[nbatch]]
     local_row_len = _partition.local_size(row_len, o[-1], mesh_shape)
     n_axes, n_local = o[nbatch], _partition.local_size(n, o[nbatch], mesh_shape)
+    # A src XLA reshards first (all-gathers) arrives as the collective's wire values: the
+    # kernel, which moves bytes by width, reads those, where a view back would be copied.
+    wired = tuple(given[0]) != tuple(in_specs[0])
 
     def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
               index: jax.Array, num: jax.Array, pad: jax.Array) -> jax.Array:
         if n_axes is not None:
             first = lax.convert_element_type(lax.axis_index(n_axes), num.dtype) * n_local
             num = lax.clamp(np.array(0, num.dtype), num - first, np.array(n_local, num.dtype))
-        return bind(s, offsets, index, num, pad, dim=dim, row_len=local_row_len,
-                    nbatch=nbatch, **params)
+        if not wired:
+            return bind(s, offsets, index, num, pad, dim=dim, row_len=local_row_len,
+                        nbatch=nbatch, **params)
+        return _partition.from_wire(bind(
+            _partition.to_wire(s), offsets, index, num, _partition.to_wire(pad), dim=dim,
+            row_len=local_row_len, nbatch=nbatch, **params), s.dtype)
     return in_specs, o, local
 
 
