@@ -194,3 +194,48 @@ def import_base(node, pkg):
         parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
         base = ".".join(parts + ([node.module] if node.module else []))
     return base
+
+
+def _extras_requirements():
+    """Every requirement of pyproject.toml's extras, parsed (packaging comes with pytest)."""
+    import pathlib
+    import tomllib
+
+    from packaging.requirements import Requirement
+    root = pathlib.Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    return [Requirement(r) for reqs in extras.values() for r in reqs]
+
+
+def left_out(dist):
+    """Why the extras leave the optional dependency `dist` out on this Python (an
+    environment marker excludes it: no wheel for it here), or None where they install it."""
+    import sys
+    reqs = [r for r in _extras_requirements() if r.name == dist]
+    if not reqs or any(r.marker is None or r.marker.evaluate() for r in reqs):
+        return None
+    python = ".".join(map(str, sys.version_info[:2]))
+    return (f"no {dist} wheel for Python {python}: pyproject.toml's extras leave it out "
+            f"here ({reqs[0].marker})")
+
+
+def need(*dists):
+    """Skip the calling test (or module) where one of `dists` (optional dependencies, each
+    importable under its own name) is not installed because the extras leave it out on this
+    Python. Where the extras install it, a missing one fails on its import, as every
+    fallback in the tests does."""
+    import importlib.util
+
+    import pytest
+    for dist in dists:
+        reason = left_out(dist)
+        if reason is not None and importlib.util.find_spec(dist) is None:
+            pytest.skip(reason, allow_module_level=True)
+
+
+def need_imports(source):
+    """need() for every optional dependency the Python `source` imports."""
+    import re
+    imported = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", source, flags=re.M))
+    need(*sorted({r.name for r in _extras_requirements()} & imported))
