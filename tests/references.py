@@ -209,29 +209,31 @@ def _extras_requirements():
 
 
 def left_out(dist):
-    """Why the extras leave the optional dependency `dist` out on this Python (an
-    environment marker excludes it: no wheel for it here), or None where they install it."""
-    import sys
+    """The environment marker by which pyproject.toml's extras leave the optional dependency
+    `dist` out on this Python (no wheel for it, or for what it needs, here), or None where
+    they install it."""
     reqs = [r for r in _extras_requirements() if r.name == dist]
     if not reqs or any(r.marker is None or r.marker.evaluate() for r in reqs):
         return None
-    python = ".".join(map(str, sys.version_info[:2]))
-    return (f"no {dist} wheel for Python {python}: pyproject.toml's extras leave it out "
-            f"here ({reqs[0].marker})")
+    return str(reqs[0].marker)
 
 
 def need(*dists):
-    """Skip the calling test (or module) where one of `dists` (optional dependencies, each
-    importable under its own name) is not installed because the extras leave it out on this
-    Python. Where the extras install it, a missing one fails on its import, as every
-    fallback in the tests does."""
+    """Skip the calling test (or module) where some of `dists` (optional dependencies, each
+    importable under its own name) are not installed because the extras leave them out on
+    this Python; the reason names them. Where the extras install one, a missing one fails
+    on its import, as every fallback in the tests does."""
     import importlib.util
+    import sys
 
     import pytest
-    for dist in dists:
-        reason = left_out(dist)
-        if reason is not None and importlib.util.find_spec(dist) is None:
-            pytest.skip(reason, allow_module_level=True)
+    missing = [(d, m) for d in dists if (m := left_out(d)) is not None
+               and importlib.util.find_spec(d) is None]
+    if missing:
+        python = ".".join(map(str, sys.version_info[:2]))
+        pytest.skip(f"not installed: pyproject.toml's extras leave out on Python {python}, "
+                    "for want of a wheel there, " + ", ".join(f"{d} ({m})" for d, m in missing),
+                    allow_module_level=True)
 
 
 def need_imports(source):

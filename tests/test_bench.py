@@ -661,3 +661,28 @@ def test_overhead_tables_read_ratios_and_growth():
     assert cells[6][col["trace+lower growth"]] == "4.20x (jnp 3.90x)"
     assert cells[6][col["compile growth"]] == "4.50x (jnp 4.10x)"
     assert overhead_tables([dict(eager, kind="single calls")]) == ""
+
+
+@pytest.mark.parametrize("marker,left_out", [('python_version < "3"', True),
+                                             ('python_version >= "3"', False)])
+def test_onnxruntime_column_says_why_it_is_absent(monkeypatch, marker, left_out):
+    """Without onnxruntime the report's header and first line say why its column is absent:
+    the bench extra's marker leaves it out on this Python (no wheel), or it was just not
+    installed. The marker is read from the installed package's metadata."""
+    import importlib.metadata
+    import sys
+
+    from jax_ext.bench import report
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: [
+        f'onnxruntime>=1.17; {marker} and extra == "bench"', 'onnx>=1.15; extra == "bench"',
+        'onnxruntime>=1.17; extra == "onnx"'])
+    why = report.onnxruntime_absent()
+    python = ".".join(map(str, sys.version_info[:2]))
+    if left_out:
+        assert why == (f"absent: no onnxruntime wheel for Python {python}, so the bench extra "
+                       "leaves it out")
+    else:
+        assert why.startswith("not installed")
+    meta = {"onnxruntime": None, "onnxruntime_absent": why}
+    assert report.onnxruntime_text(meta) == why
+    assert report.onnxruntime_text({"onnxruntime": "1.32.0"}) == "1.32.0"
