@@ -186,6 +186,17 @@ def test_cause_module_that_fails_to_load(tmp_path):
     assert "Cure: rebuild it" in err
 
 
+def test_a_build_without_its_record_is_said_to_use_this_pythons_oldest_headers(monkeypatch):
+    """A module without _build_info.py (a hand-copied development build) is described as
+    built on the headers the build requirement names for this Python."""
+    from jax_ext import _compat, _native
+    monkeypatch.setattr(_native, "_build_info", lambda: {})
+    version, api = _compat.oldest_jaxlib()
+    assert _native._built_against() == (
+        f"the XLA FFI headers of jaxlib {'.'.join(map(str, version))} (FFI API {api}; the "
+        "build requirement in pyproject.toml for this Python)")
+
+
 def test_cause_registration_refused(tmp_path):
     _package_copy(tmp_path, with_module=True)
     pre = """
