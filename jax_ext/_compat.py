@@ -110,6 +110,8 @@ def oldest_jaxlib(python: tuple[int, int] | None = None) -> tuple[tuple[int, ...
     compiles against: the oldest jaxlib that installs there."""
     py = tuple(sys.version_info[:2]) if python is None else python
     return max((jaxlib, api) for first, jaxlib, api in OLDEST_JAXLIB if first <= py)
+
+
 # The newest minor release CI runs the suite on (the newest jax the package registry
 # serves); a newer one warns at import, once. Raise it with the CI environment.
 NEWEST_TESTED = (0, 12)
