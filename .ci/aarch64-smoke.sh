@@ -49,8 +49,8 @@ cp "$QEMU" "$ARM/usr/bin/qemu-aarch64-static"
 # /proc for what runs inside (XLA reads the CPU's description there). /dev needs no mount:
 # debootstrap made its nodes (null, zero, urandom...) in the root, and binding the host's
 # /dev there would expose it to a later rm -rf of the root.
-mount -t proc proc "$ARM/proc"
-trap 'umount "$ARM/proc"' EXIT
+. .ci/chroot-lib.sh
+chroot_mount -t proc proc "$ARM/proc"
 arm() { chroot "$ARM" /usr/bin/qemu-aarch64-static "$@"; }
 stamp "the root's Python: $(arm /usr/bin/python3.11 -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')"
 

@@ -92,6 +92,26 @@ PRIVATE_NAMES: dict[str, str] = {
 }
 
 MIN_JAX = (0, 10, 2)
+# The jaxlib whose XLA FFI headers a build compiles against, by the Python it is built for:
+# the oldest jaxlib with a wheel for that Python, and the FFI API of its headers. A handler
+# built on newer headers can be refused by an older runtime; on a Python where no jaxlib
+# older than the one named here installs, the runtime is never older than the headers.
+# Each entry holds from its Python on, up to the next entry. pyproject.toml's build
+# requirements name the same jaxlibs by environment marker (tests/test_package.py checks
+# that they agree); a wheel built on an earlier Python loads on every later one.
+OLDEST_JAXLIB: tuple[tuple[tuple[int, int], tuple[int, ...], str], ...] = (
+    ((3, 11), MIN_JAX, "0.3"),
+    ((3, 15), (0, 11, 1), "0.4"),  # jaxlib 0.10.2 has no wheel for Python 3.15
+)
+
+
+def oldest_jaxlib(python: tuple[int, int] | None = None) -> tuple[tuple[int, ...], str]:
+    """(jaxlib version, FFI API) of the headers a build for `python` (default: this one)
+    compiles against: the oldest jaxlib that installs there."""
+    py = tuple(sys.version_info[:2]) if python is None else python
+    return max((jaxlib, api) for first, jaxlib, api in OLDEST_JAXLIB if first <= py)
+
+
 # The newest minor release CI runs the suite on (the newest jax the package registry
 # serves); a newer one warns at import, once. Raise it with the CI environment.
 NEWEST_TESTED = (0, 12)

@@ -46,8 +46,11 @@ def _build_info() -> dict[str, str]:
 def _built_against() -> str:
     info = _build_info()
     if not info:
-        # pyproject.toml pins the build's jaxlib to the oldest supported release.
-        return "the XLA FFI headers of jaxlib 0.10.2 (the build requirement in pyproject.toml)"
+        # pyproject.toml pins the build's jaxlib to the oldest that installs on its Python.
+        from ._compat import oldest_jaxlib
+        jaxlib_version, api = oldest_jaxlib()
+        return (f"the XLA FFI headers of jaxlib {'.'.join(map(str, jaxlib_version))} (FFI API "
+                f"{api}; the build requirement in pyproject.toml for this Python)")
     return (f"the XLA FFI headers of jaxlib {info.get('JAXLIB_VERSION', '?')} "
             f"(FFI API {info.get('FFI_API_VERSION', '?')})")
 

@@ -194,3 +194,50 @@ def import_base(node, pkg):
         parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
         base = ".".join(parts + ([node.module] if node.module else []))
     return base
+
+
+def _extras_requirements():
+    """Every requirement of pyproject.toml's extras, parsed (packaging comes with pytest)."""
+    import pathlib
+    import tomllib
+
+    from packaging.requirements import Requirement
+    root = pathlib.Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    return [Requirement(r) for reqs in extras.values() for r in reqs]
+
+
+def left_out(dist):
+    """The environment marker by which pyproject.toml's extras leave the optional dependency
+    `dist` out on this Python (no wheel for it, or for what it needs, here), or None where
+    they install it."""
+    reqs = [r for r in _extras_requirements() if r.name == dist]
+    if not reqs or any(r.marker is None or r.marker.evaluate() for r in reqs):
+        return None
+    return str(reqs[0].marker)
+
+
+def need(*dists):
+    """Skip the calling test (or module) where some of `dists` (optional dependencies, each
+    importable under its own name) are not installed because the extras leave them out on
+    this Python; the reason names them. Where the extras install one, a missing one fails
+    on its import, as every fallback in the tests does."""
+    import importlib.util
+    import sys
+
+    import pytest
+    missing = [(d, m) for d in dists if (m := left_out(d)) is not None
+               and importlib.util.find_spec(d) is None]
+    if missing:
+        python = ".".join(map(str, sys.version_info[:2]))
+        pytest.skip(f"not installed: pyproject.toml's extras leave out on Python {python}, "
+                    "for want of a wheel there, " + ", ".join(f"{d} ({m})" for d, m in missing),
+                    allow_module_level=True)
+
+
+def need_imports(source):
+    """need() for every optional dependency the Python `source` imports."""
+    import re
+    imported = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", source, flags=re.M))
+    need(*sorted({r.name for r in _extras_requirements()} & imported))

@@ -6,6 +6,7 @@ import json
 import re
 
 import jax
+import numpy as np
 import pytest
 
 import jax_ext
@@ -263,11 +264,14 @@ def test_sides_read_the_same_argument_buffers_unless_donated():
     import jax.numpy as jnp
 
     from jax_ext.bench.timing import measure
-    seen: dict[str, set] = {"ours": set(), "theirs": set()}
+    # Every call's arguments, held until the asserts: none is freed meanwhile, so no two
+    # live buffers share an address and an address tells the arrays apart.
+    calls: dict[str, list] = {"ours": [], "theirs": []}
 
     def recording(side, fn):
         def call(*args):
-            seen[side].add(tuple(a.unsafe_buffer_pointer() for a in args))
+            if not isinstance(args[0], jax.core.Tracer):  # timed calls, not explain's traces
+                calls[side].append(args)
             return fn(*args)
         return call
     x = jnp.arange(64, dtype=jnp.float32)
@@ -277,9 +281,15 @@ def test_sides_read_the_same_argument_buffers_unless_donated():
                 make=lambda: (recording("ours", f), recording("theirs", f), (x,)))
     (row,) = measure(case, rounds=3, min_sample_s=0.0, patterns=("reused",))
     assert row["agrees"]
-    # the agreement check runs on copies; every timed call reads x itself
-    assert (x.unsafe_buffer_pointer(),) in seen["ours"] & seen["theirs"]
-    assert len(seen["ours"] | seen["theirs"]) == 3  # x, and the two copies of the check
+    reads_x = lambda args: args[0].unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
+    copies = {}
+    for side, seen in calls.items():
+        assert all(len(args) == 1 for args in seen), side
+        # every timed call reads x itself; the agreement check, one call, runs on a copy
+        assert sum(map(reads_x, seen)) >= 3, side
+        (copies[side],) = [args[0] for args in seen if not reads_x(args)]
+        np.testing.assert_array_equal(copies[side], x)
+    assert copies["ours"].unsafe_buffer_pointer() != copies["theirs"].unsafe_buffer_pointer()
 
 
 def test_program_sides_run_by_the_cost_model_forced_and_tuned():
@@ -651,3 +661,28 @@ def test_overhead_tables_read_ratios_and_growth():
     assert cells[6][col["trace+lower growth"]] == "4.20x (jnp 3.90x)"
     assert cells[6][col["compile growth"]] == "4.50x (jnp 4.10x)"
     assert overhead_tables([dict(eager, kind="single calls")]) == ""
+
+
+@pytest.mark.parametrize("marker,left_out", [('python_version < "3"', True),
+                                             ('python_version >= "3"', False)])
+def test_onnxruntime_column_says_why_it_is_absent(monkeypatch, marker, left_out):
+    """Without onnxruntime the report's header and first line say why its column is absent:
+    the bench extra's marker leaves it out on this Python (no wheel), or it was just not
+    installed. The marker is read from the installed package's metadata."""
+    import importlib.metadata
+    import sys
+
+    from jax_ext.bench import report
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: [
+        f'onnxruntime>=1.17; {marker} and extra == "bench"', 'onnx>=1.15; extra == "bench"',
+        'onnxruntime>=1.17; extra == "onnx"'])
+    why = report.onnxruntime_absent()
+    python = ".".join(map(str, sys.version_info[:2]))
+    if left_out:
+        assert why == (f"absent: no onnxruntime wheel for Python {python}, so the bench extra "
+                       "leaves it out")
+    else:
+        assert why.startswith("not installed")
+    meta = {"onnxruntime": None, "onnxruntime_absent": why}
+    assert report.onnxruntime_text(meta) == why
+    assert report.onnxruntime_text({"onnxruntime": "1.32.0"}) == "1.32.0"

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import jax_ext
+from references import need_imports
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
@@ -56,6 +57,7 @@ def test_every_expected_example_exists():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(path, tmp_path):
+    need_imports(path.read_text())  # an optional dependency without a wheel here: skipped
     out = _run_python([str(path)], cwd=tmp_path)
     assert out.strip(), "an example prints what it showed"
     if path.stem == "quickstart":
@@ -72,6 +74,7 @@ def test_readme_has_python_blocks():
 
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
 def test_readme_python_block_runs(i, tmp_path):
+    need_imports(BLOCKS[i])
     _run_python(["-c", BLOCKS[i]], cwd=tmp_path)
 
 
@@ -86,6 +89,7 @@ def test_docs_pages_exist():
                          ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
 def test_docs_page_python_blocks_run(page, tmp_path):
     blocks = python_blocks(page)
+    need_imports("\n".join(blocks))
     script = "\n".join(f"# --- block {k}\n{b}" for k, b in enumerate(blocks))
     _run_python(["-c", script], cwd=tmp_path)
 

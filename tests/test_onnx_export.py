@@ -17,14 +17,17 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from jax2onnx import to_onnx
 
 import jax_ext
-import jax_ext.onnx
-from jax_ext.onnx import _graphs, _plugins
-from references import assert_bits_equal, np_select, random_values, ref_gather, special_values
+from references import (assert_bits_equal, need, np_select, random_values, ref_gather,
+                        special_values)
+
+need("onnxruntime", "jax2onnx")  # skipped only where the extras leave them out
+import jax_ext.onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from jax2onnx import to_onnx  # noqa: E402
+from jax_ext.onnx import _graphs, _plugins  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
@@ -95,6 +98,7 @@ def run_openvino_many(jobs, tmp_path):
     library with RTLD_DEEPBIND, which ASan refuses (the sanitized suite preloads it), and
     OpenVINO runs no jax_ext code to check anyway. ``INFERENCE_PRECISION_HINT: f32`` keeps
     it from computing float32 in a narrower type."""
+    need("openvino")
     paths = []
     for k, (model, args, _) in enumerate(jobs):
         path = tmp_path / f"job{k}.npz"

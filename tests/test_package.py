@@ -186,6 +186,17 @@ def test_cause_module_that_fails_to_load(tmp_path):
     assert "Cure: rebuild it" in err
 
 
+def test_a_build_without_its_record_is_said_to_use_this_pythons_oldest_headers(monkeypatch):
+    """A module without _build_info.py (a hand-copied development build) is described as
+    built on the headers the build requirement names for this Python."""
+    from jax_ext import _compat, _native
+    monkeypatch.setattr(_native, "_build_info", lambda: {})
+    version, api = _compat.oldest_jaxlib()
+    assert _native._built_against() == (
+        f"the XLA FFI headers of jaxlib {'.'.join(map(str, version))} (FFI API {api}; the "
+        "build requirement in pyproject.toml for this Python)")
+
+
 def test_cause_registration_refused(tmp_path):
     _package_copy(tmp_path, with_module=True)
     pre = """
@@ -261,29 +272,53 @@ def _ffi_api_version(include_dir):
                  for part in ("MAJOR", "MINOR"))
 
 
-def test_module_built_on_the_oldest_ffi_headers_registers_in_this_jaxlib():
-    """Every build is compiled against the XLA FFI headers of the oldest supported jaxlib
-    (pyproject.toml pins it as a build requirement): a handler built with newer headers can
-    be rejected by an older runtime, while a newer one accepts older handlers. CI runs this
-    suite at both ends of the support window, so one build loads and registers in the
-    oldest jaxlib and in the newest."""
+def test_build_requirements_pin_the_oldest_jaxlib_of_each_python():
+    """pyproject.toml's build requirements pin, by environment marker, the jaxlib (and the
+    jax) that _compat.OLDEST_JAXLIB names for each Python the package supports: the two are
+    the one table, written twice, and must agree."""
     import pathlib
     import tomllib
 
+    from packaging.requirements import Requirement
+
+    from jax_ext import _compat
+    root = pathlib.Path(__file__).resolve().parent.parent
+    requires = [Requirement(r) for r in
+                tomllib.loads((root / "pyproject.toml").read_text())["build-system"]["requires"]]
+    assert _compat.OLDEST_JAXLIB[0][1] == _compat.MIN_JAX  # the oldest supported release
+    for minor in range(11, 16):
+        env = {"python_version": f"3.{minor}", "python_full_version": f"3.{minor}.0"}
+        pins = {r.name: str(r.specifier) for r in requires
+                if r.name in ("jax", "jaxlib") and (r.marker is None or r.marker.evaluate(env))}
+        want = ".".join(map(str, _compat.oldest_jaxlib((3, minor))[0]))
+        assert pins == {"jax": f"=={want}", "jaxlib": f"=={want}"}, (minor, pins)
+
+
+def test_module_built_on_the_oldest_ffi_headers_registers_in_this_jaxlib():
+    """Every build is compiled against the XLA FFI headers of the oldest jaxlib that installs
+    on the Python it is built for (pyproject.toml pins it as a build requirement, by
+    environment marker; _compat.OLDEST_JAXLIB names it): a handler built with newer headers
+    can be rejected by an older runtime, while a newer one accepts older handlers. A wheel
+    built on an earlier Python (the cp312-abi3 one) carries that Python's headers, which are
+    no newer. CI runs this suite at both ends of the support window, so one build loads and
+    registers in the oldest jaxlib and in the newest."""
     import jax
     import jaxlib
     from jax_ext import _compat, _names, _native
-    root = pathlib.Path(__file__).resolve().parent.parent
-    requires = tomllib.loads((root / "pyproject.toml").read_text())["build-system"]["requires"]
-    (pin,) = [r.split("==")[1] for r in requires if r.startswith("jaxlib==")]
-    assert pin == ".".join(map(str, _compat.MIN_JAX))  # the oldest supported release
     assert jax_ext.native_available(), jax_ext.native_error()
     info = _native._build_info()
-    assert info == {"JAXLIB_VERSION": pin, "FFI_API_VERSION": "0.3"}, info  # jaxlib 0.10.2's
+    oldest = {".".join(map(str, v)): api for _, v, api in _compat.OLDEST_JAXLIB}
+    built = info["JAXLIB_VERSION"]
+    # the headers of some Python's oldest jaxlib, and no newer than this Python's oldest
+    assert built in oldest and info["FFI_API_VERSION"] == oldest[built], info
+    here, _ = _compat.oldest_jaxlib()
+    assert _compat._version_tuple(built) <= here, (info, here)
     running = _ffi_api_version(jax.ffi.include_dir())
-    assert running >= (0, 3), running
-    if _compat._version_tuple(jaxlib.__version__) > _compat.MIN_JAX:  # the newest end
-        assert running > (0, 3), (jaxlib.__version__, running)  # a newer FFI API took it
+    assert running >= _compat._version_tuple(info["FFI_API_VERSION"])[:2], (running, info)
+    if _compat._version_tuple(jaxlib.__version__) > _compat._version_tuple(built):
+        # the newest end: the newer jaxlib has a newer FFI API, and it took the module
+        assert running > _compat._version_tuple(info["FFI_API_VERSION"])[:2], (
+            jaxlib.__version__, running)
     with jax_ext.implementation("native"):  # and its handlers run here
         text = jax.jit(jax_ext.where).lower(np.array([True]), np.ones(1), np.zeros(1))
         assert _names.SELECT.target in text.as_text()

@@ -104,7 +104,8 @@ from ..auto.store import enabled_by_env as tuning_enabled_by_env
 from .kinds import OVERHEAD
 from .plot import plot as _plot
 from .records import Case, Meta, Row
-from .report import format_table, machine_info, overhead_tables, write_report
+from .report import (format_table, machine_info, onnxruntime_text, overhead_tables,
+                     write_report)
 from .select import select_cases
 from .timing import MEMORY_STATES, child_env, measure
 
@@ -328,7 +329,7 @@ def _headline(meta: Meta, a: _Options, n_cases: int) -> str:
     return (f"jax_ext {meta['jax_ext']} | {meta.get('run', '')} | implementation {a.impl} | "
             f"{native} | {meta['date']} | {meta['cpu']} x{meta['cores']} | "
             f"jax {meta['jax']} jaxlib {meta['jaxlib']} | "
-            f"onnxruntime {meta['onnxruntime'] or 'not installed'} | {n_cases} cases x "
+            f"onnxruntime {onnxruntime_text(meta)} | {n_cases} cases x "
             f"{len(meta['patterns'])} patterns, {meta['rounds']} alternating rounds | "
             f"tuned column: {tuned} | load {meta['loadavg_start'][0]:.1f}"
             + "".join(f" | {k}={v}" for k, v in meta["malloc_env"].items()))

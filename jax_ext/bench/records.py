@@ -62,6 +62,7 @@ class Meta(TypedDict):
     jaxlib: str
     numpy: str
     onnxruntime: str | None
+    onnxruntime_absent: NotRequired[str]  # why onnxruntime is None (its column absent)
     jax_ext: str
     native: bool
     malloc_env: dict[str, str]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -156,22 +157,49 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS,
     return "\n".join([head, "-" * len(head)] + [line([f(r) for _, _, f in columns]) for r in rows])
 
 
+def onnxruntime_absent() -> str:
+    """Why onnxruntime (the onnxruntime column) is missing: where the bench extra leaves it
+    out by an environment marker (no onnxruntime wheel for this Python), that; else it was
+    not installed. The marker is read from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError, requires
+    try:
+        from packaging.requirements import Requirement  # with matplotlib, of the bench extra
+        reqs = [Requirement(r) for r in requires("jax_ext") or ()]
+    except (ImportError, PackageNotFoundError):  # no packaging, or a source tree
+        reqs = []
+    bench = [r.marker for r in reqs if r.name == "onnxruntime" and r.marker is not None
+             and 'extra == "bench"' in str(r.marker)]
+    if bench and not any(m.evaluate({"extra": "bench"}) for m in bench):
+        python = ".".join(map(str, sys.version_info[:2]))
+        return (f"absent: no onnxruntime wheel for Python {python}, so the bench extra leaves "
+                "it out")
+    return 'not installed (pip install "jax_ext[bench]")'
+
+
+def onnxruntime_text(meta: Meta) -> str:
+    """The onnxruntime version the run used, or why it had none."""
+    return meta["onnxruntime"] or meta.get("onnxruntime_absent") or "not installed"
+
+
 def machine_info(impl: str) -> Meta:
     from importlib.metadata import version
 
     from ..auto.store import cores, cpu_model  # what the tuning cache is keyed by, too
     try:
         import onnxruntime
-        ort = onnxruntime.__version__
+        ort, absent = onnxruntime.__version__, None
     except ImportError:
-        ort = None
-    return Meta(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        ort, absent = None, onnxruntime_absent()
+    meta = Meta(implementation=impl, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpu=cpu_model(), cores=cores(), machine=platform.machine(),
                 jax=jax.__version__, jaxlib=version("jaxlib"), numpy=np.__version__,
                 onnxruntime=ort, jax_ext=jax_ext.__version__,
                 native=jax_ext.native_available(),
                 # glibc's allocator settings change what every large result costs (README)
                 malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")})
+    if absent is not None:
+        meta["onnxruntime_absent"] = absent
+    return meta
 
 
 def header_lines(meta: Meta, timed: bool = True) -> list[str]:
@@ -186,7 +214,7 @@ def header_lines(meta: Meta, timed: bool = True) -> list[str]:
     return [
         f"- machine: {meta['cpu']}, {meta['cores']} cores ({meta['machine']})",
         f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numpy {meta['numpy']}, onnxruntime "
-        f"{meta['onnxruntime'] or 'not installed'}; jax_ext {meta['jax_ext']} "
+        f"{onnxruntime_text(meta)}; jax_ext {meta['jax_ext']} "
         f"({'native module loaded' if meta['native'] else 'no native module'})",
         f"- glibc allocator of the benchmark's own process: "
         f"{malloc or 'default settings (no MALLOC_* variable)'}",
