@@ -25,8 +25,9 @@ NativeRule = Callable[..., IrValues | None]
 
 # Dtypes narrower than a byte are packed in XLA buffers; the byte-moving kernels do not
 # handle them, so they always take the lax path (IsSubByte in xla_ffi/dispatch.h refuses
-# them; tests/test_tables.py ties the two lists).
-SUB_BYTE = frozenset({"int1", "uint1", "int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
+# them; tests/test_tables.py ties the two lists). Written once, in _names, where
+# _partition's wire views read it too.
+SUB_BYTE = _names.SUB_BYTE
 
 
 def native_dtype_ok(dtype: DTypeLike, spec: _names.OpSpec | None = None) -> bool:

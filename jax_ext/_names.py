@@ -16,6 +16,11 @@ IMPLEMENTATIONS: tuple[ImplementationName, ...] = ("auto", "native", "lax")
 IMPL_ENV = "JAX_EXT_IMPL"
 
 
+# Dtypes narrower than a byte, packed in XLA buffers: no kernel takes them, and they
+# cross devices as they are (no same-width unsigned view exists).
+SUB_BYTE = frozenset({"int1", "uint1", "int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
+
+
 # How a kernel walks its operands, which sets what counts against its rank limit
 # (_lowering.kernel_limit): "collapsed" walks the result with its size-1 dims dropped;
 # "batched" walks `nbatch` leading batch dims (a static param) and the rest of each operand

@@ -66,12 +66,9 @@ def wire_dtype(dtype: Any) -> np.dtype[Any] | None:
     dt = np.dtype(dtype)
     if dt == np.bool_:
         return np.dtype(np.uint8)
-    if dt.kind in "fiV" and dt.itemsize in (1, 2, 4, 8) and dt.name not in _SUB_BYTE:
+    if dt.kind in "fiV" and dt.itemsize in (1, 2, 4, 8) and dt.name not in _names.SUB_BYTE:
         return np.dtype(f"uint{8 * dt.itemsize}")
     return None
-
-
-_SUB_BYTE = frozenset({"int4", "uint4", "int2", "uint2", "float4_e2m1fn"})
 
 
 def to_wire(x: jax.Array) -> jax.Array:
