@@ -119,20 +119,21 @@ def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[.
                                      f"{beyond}. Use impl='auto' or 'lax', which compute it.")
                 use, why = False, beyond
         out: IrValues | None = None
+        notes = explain.Notes()
         if use:
             if raw is not None and spmd is not None:
                 out = _partition.lower_partitioned(ctx, raw, spmd, args,
                                                    params | extra(ctx, args), lax_path=False,
-                                                   partition_lax=partition_lax)
+                                                   partition_lax=partition_lax, notes=notes)
             if out is None:
                 out = native_rule(ctx, *args, **params, **extra(ctx, args))
             if out is None:
                 why = "dtype not handled natively"
         explain.record(ctx, op, "native" if out is not None else "lax", params["impl"], why,
-                       choice.est_native_s, choice.est_lax_s, choice.site)
+                       choice.est_native_s, choice.est_lax_s, choice.site, notes)
         if out is None and raw_lax is not None and spmd is not None:
             out = _partition.lower_partitioned(ctx, raw_lax, spmd, args, params, lax_path=True,
-                                               partition_lax=partition_lax)
+                                               partition_lax=partition_lax, notes=notes)
         return out if out is not None else lax_rule(ctx, *args, **params)
 
     _register_rules(prim, op, cpu_rule, lax_rule)

@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from . import _compat, _compat_sharding, _names
+from .auto import explain
 from ._compat import Aval, IrValues, PartitionSpec, SpecEntry, ir
 
 mlir = _compat.mlir
@@ -23,8 +24,10 @@ Ctx = mlir.LoweringRuleContext
 # factors that must never be sharded, and the reduction factors (operand dims the result
 # does not have, whose shards the local computation combines).
 Factors = tuple[list[list[str]], list[str], tuple[str, ...], tuple[str, ...]]
-# Spmd.partition's result: the operands' specs, the result's, and the local computation.
-Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array]]
+# Spmd.partition's result: the operands' specs, the result's, the local computation, and
+# how it is laid out where that is worth saying (explain() adds it to the call's reason).
+Partition = tuple[list[list[SpecEntry]], Sequence[SpecEntry], Callable[..., jax.Array],
+                  str | None]
 
 
 class Spmd:
@@ -42,7 +45,8 @@ class Spmd:
     * ``partition(out_spec, mesh_shape, avals_in, aval_out, arg_specs, **params) ->
       (in_specs, out_spec, local)``: given the result's spec that Shardy chose and the
       specs the operands arrive with, the operand and result specs the local computation
-      accepts (XLA reshards operands that differ) and ``local(bind, *shards)``, the
+      accepts (XLA reshards operands that differ), a note for explain() (or None) and
+      ``local(bind, *shards)``, the
       per-device computation, where ``bind(*args, **params)`` binds the unpartitioned
       primitive on local shapes. `local` may use collectives over the mesh's axes.
     """
@@ -150,7 +154,7 @@ def _out_dtype(aval: Aval) -> np.dtype[Any]:
 
 
 def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-                 params: dict[str, Any]) -> IrValues:
+                 params: dict[str, Any], notes: explain.Notes) -> IrValues:
     """Lowers `raw` (the unpartitioned primitive, same operands and params) through
     custom_partitioning: Shardy propagates shardings with spmd.rule, and XLA calls
     back into spmd.partition to lower one shard. Operands and result cross the call as
@@ -174,8 +178,10 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
         o = _compat_sharding.spec_entries(result_shape)
         mesh_shape = dict(mesh.shape)
         given = [_compat_sharding.spec_entries(a) for a in arg_shapes]
-        in_specs, out_spec, local = spmd.partition(o, mesh_shape, avals_in, aval_out, given,
-                                                   **params)
+        in_specs, out_spec, local, how = spmd.partition(o, mesh_shape, avals_in, aval_out,
+                                                        given, **params)
+        if how:
+            notes.add(how)
         # The shard's whole computation is one equation, lowered by _shard_local_lowering
         # (see there and _compat_sharding.no_mesh for why).
         out = (tuple(local_size(d, e, mesh_shape) for d, e in zip(aval_out.shape, out_spec)),
@@ -190,6 +196,7 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
     def ordered(fs: Sequence[str]) -> tuple[str, ...]:
         # Shardy's verifier wants them in the order the rule introduces them.
         return tuple(sorted(set(fs) & order.keys(), key=order.__getitem__))
+    notes.compiled()
     fn.def_partition(partition=partition, sharding_rule=rule_string(f_in, [f_out]),
                      need_replication_factors=ordered(replicated),
                      reduction_factors=ordered(reduction))
@@ -201,7 +208,7 @@ def partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.
 
 
 def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir.Value[Any]],
-                  params: dict[str, Any], mesh: Any) -> IrValues:
+                  params: dict[str, Any], mesh: Any, notes: explain.Notes) -> IrValues:
     """Lowers `raw` partitioned by `spmd` as a shard_map over the mesh's Explicit axes:
     what jax does with its own ops under jax_partitioning (_compat_sharding.shard_map_partitioning),
     where custom_partitioning has no rule. Operands whose sharding differs from the one
@@ -212,8 +219,10 @@ def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
     want = _compat_sharding.spec_entries(aval_out)
     mesh_shape = dict(zip(mesh.axis_names, mesh.axis_sizes))
     given = [_compat_sharding.spec_entries(a) for a in avals_in]
-    in_specs, out_spec, local = spmd.partition(want, mesh_shape, avals_in, aval_out, given,
-                                               **params)
+    in_specs, out_spec, local, how = spmd.partition(want, mesh_shape, avals_in, aval_out,
+                                                    given, **params)
+    if how:
+        notes.add(how)
     bind = lambda *a, **p: raw.bind(*a, **p)  # noqa: E731
 
     def fn(*xs: jax.Array) -> jax.Array:
@@ -234,7 +243,7 @@ def shard_mapped(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd, args: Sequence[ir
 
 def lower_partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd,
                       args: Sequence[ir.Value[Any]], params: dict[str, Any], *, lax_path: bool,
-                      partition_lax: bool) -> IrValues | None:
+                      partition_lax: bool, notes: explain.Notes) -> IrValues | None:
     """`raw` partitioned by `spmd` where the call site lies on a mesh of several devices,
     else None (the caller lowers the plain call): through shard_map where jax lowers an
     Explicit mesh's ops so (jax_partitioning) or the program is exported on explicit axes
@@ -245,12 +254,12 @@ def lower_partitioned(ctx: Ctx, raw: _compat.Primitive, spmd: Spmd,
     if _compat_sharding.spmd_mesh_shape(ctx) is not None:
         mesh = _compat_sharding.shard_map_partitioning()
         if mesh is not None:
-            return shard_mapped(ctx, raw, spmd, args, params, mesh)
-        return partitioned(ctx, raw, spmd, args, params) if partition_lax or not lax_path \
-            else None
+            return shard_mapped(ctx, raw, spmd, args, params, mesh, notes)
+        return partitioned(ctx, raw, spmd, args, params, notes) \
+            if partition_lax or not lax_path else None
     exported = _compat_sharding.export_mesh(ctx)
     if exported is not None and (partition_lax or not lax_path):
-        return shard_mapped(ctx, raw, spmd, args, params, exported)
+        return shard_mapped(ctx, raw, spmd, args, params, exported, notes)
     return None
 
 

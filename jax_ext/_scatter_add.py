@@ -4,8 +4,11 @@
 (the shape of a gather's result, ``(*batch, n, *mid, L)``) into a zero ``src`` at the rows
 the gather read: row ``i`` goes to ``offsets[0], ..., offsets[dim-1], offsets[dim] +
 index[i]``; pad rows and padding columns add nothing. Static params as gather's (``dim``,
-``check_bounds``, ``nbatch``, ``impl``), plus ``src_shape`` (one src) and ``out_bshape``
-(the result's batch dims, 1 where several batch elements accumulate into one result).
+``check_bounds``, ``nbatch``, ``impl``), plus ``src_shape`` (one src), ``out_bshape``
+(the result's batch dims, 1 where several batch elements accumulate into one result) and
+``wire_of``: None, or the name of the result's dtype where ``ct`` holds its wire values
+(_partition.wire_dtype: a partitioned call's cotangent as the collective that gathered it
+delivers it, which the kernel reads as that dtype; a conversion first would be a copy).
 Its transpose binds gather, and gather's transpose binds it (both primitives live in
 ``_primitives.py``; _gather.py imports this module, never the other way).
 """
@@ -30,7 +33,11 @@ Zero = _compat.Zero
 
 def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, dim: int,
                            src_shape: Sequence[int], out_bshape: Sequence[int],
-                           check_bounds: bool, nbatch: int, impl: str) -> Aval:
+                           check_bounds: bool, nbatch: int, impl: str,
+                           wire_of: str | None) -> Aval:
+    if wire_of is not None and _partition.wire_dtype(wire_of) != ct.dtype:
+        raise TypeError(f"{_names.SCATTER_ADD.primitive}: ct {ct.dtype} is not the wire "
+                        f"dtype of {wire_of}")
     bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     if len(out_bshape) != nbatch or any(o not in (1, b) for o, b in zip(out_bshape, bshape)):
         raise ValueError(f"{_names.SCATTER_ADD.primitive}: out_bshape {out_bshape} vs batch "
@@ -43,7 +50,8 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
         []] * (dim + 1) + [[e] for e in cs[1:-1]] + [
         [cs[-1]] if ct.shape[-1] == src_shape[-1] else []])
     return _compat_sharding.typed_result(_names.SCATTER_ADD.primitive, avals, ct, spec,
-                                shape=tuple(out_bshape) + tuple(src_shape), dtype=ct.dtype,
+                                shape=tuple(out_bshape) + tuple(src_shape),
+                                dtype=ct.dtype if wire_of is None else np.dtype(wire_of),
                                 weak_type=bool(ct.weak_type))
 
 
@@ -58,21 +66,24 @@ def _acc_dtype(dt: DTypeLike) -> np.dtype[Any]:
 
 def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.Array, *,
                  dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
-                 check_bounds: bool, nbatch: int, impl: str) -> jax.Array:
+                 check_bounds: bool, nbatch: int, impl: str, wire_of: str | None) -> jax.Array:
     """One lax.scatter_add of whole rows into zeros, accumulated in _acc_dtype. A batch dim
     the result keeps stays a batch dim (operand_batching_dims), as vmap of jnp's .at[].add
     gives, so XLA partitions a sharded batch without communication; one the result sums
     over (out_bshape 1) is scattered like the index dim. Pad rows point past the end and
     are dropped."""
+    aval = _scatter_abstract_eval(*map(jax.typeof, (ct, offsets, index, num)), dim=dim,
+                                  src_shape=src_shape, out_bshape=out_bshape,
+                                  check_bounds=check_bounds, nbatch=nbatch, impl=impl,
+                                  wire_of=wire_of)
+    if wire_of is not None:
+        ct = _partition.from_wire(ct, wire_of)
     bshape = _rows.batch_shape((ct, offsets, index, num), nbatch)
     n = index.shape[-1]
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
     rows = math.prod(src_shape[:dim + 1])
     acc = _acc_dtype(ct.dtype)
-    aval = _scatter_abstract_eval(*map(jax.typeof, (ct, offsets, index, num)), dim=dim,
-                                  src_shape=src_shape, out_bshape=out_bshape,
-                                  check_bounds=check_bounds, nbatch=nbatch, impl=impl)
     sharding = _lowering.explicit_sharding(aval)
     o = _compat_sharding.spec_entries(aval)
     c = _compat_sharding.spec_entries(jax.typeof(ct))
@@ -115,12 +126,13 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
 def _scatter_native(ctx: _lowering.Ctx, ct: ir.Value[Any], offsets: ir.Value[Any],
                     index: ir.Value[Any], num: ir.Value[Any], *, dim: int,
                     src_shape: Sequence[int], out_bshape: Sequence[int], check_bounds: bool,
-                    nbatch: int, impl: str) -> _compat.IrValues | None:
+                    nbatch: int, impl: str, wire_of: str | None) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if (not _lowering.native_dtype_ok(avals[0].dtype, _names.SCATTER_ADD)
+    if (not _lowering.native_dtype_ok(ctx.avals_out[0].dtype, _names.SCATTER_ADD)
             or not _lowering.native_dtype_ok(avals[2].dtype)):  # an int4/uint4 index
         return None
-    # The kernel reads every size from the buffers, the result's included.
+    # The kernel reads every size from the buffers, the result's included, and a ct of
+    # wire values as the result's dtype (CheckDtypeOrWire).
     return _lowering.ffi_call(ctx, _names.SCATTER_ADD.target, (ct, offsets, index, num),
                               dim=dim, nbatch=nbatch, check_bounds=check_bounds)
 
@@ -175,11 +187,22 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
     in_specs[2] += [None]
     loc = [_partition.local_size(s, e, mesh_shape) for s, e in zip(aval_out.shape, o)]
     local_src, local_b = tuple(loc[nbatch:]), tuple(loc[:nbatch])
+    # A ct XLA reshards first (gathers along n) arrives as the collective's wire values:
+    # the kernel reads those as ct's dtype, where the view back would be copied.
+    wired = tuple(given[0]) != tuple(in_specs[0]) and \
+        _partition.wire_dtype(ct.dtype) is not None
+
+    def wire(ct: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        if not wired:
+            return ct, dict(params, wire_of=None)
+        return _partition.to_wire(ct), dict(params, wire_of=np.dtype(ct.dtype).name)
     if all(e is None for e in row_specs):
-        def local(bind: Callable[..., jax.Array], *args: jax.Array) -> jax.Array:
-            return bind(*args, dim=dim, src_shape=local_src, out_bshape=local_b, nbatch=nbatch,
-                        check_bounds=check_bounds, **params)
-        return in_specs, o, local
+        def local(bind: Callable[..., jax.Array], ct: jax.Array,
+                  *args: jax.Array) -> jax.Array:
+            ct, p = wire(ct)
+            return bind(ct, *args, dim=dim, src_shape=local_src, out_bshape=local_b,
+                        nbatch=nbatch, check_bounds=check_bounds, **p)
+        return in_specs, o, local, None
     local_rows = local_src[:dim + 1]
 
     def local_rows_sharded(bind: Callable[..., jax.Array], ct: jax.Array, offsets: jax.Array,
@@ -188,12 +211,16 @@ def _scatter_spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int
                                 check_bounds=check_bounds)
         held, lrow = _rows.held_rows(valid, row, src_shape[:dim + 1], local_rows, row_specs)
         ob = (1,) * nbatch
+        ct, p = wire(ct)
         out = bind(ct, jnp.zeros(ob + (1,), offsets.dtype), jnp.where(held, lrow, -1),
                    jnp.full(ob, index.shape[-1], num.dtype), dim=0,
                    src_shape=(math.prod(local_rows),) + local_src[dim + 1:],
-                   out_bshape=local_b, nbatch=nbatch, check_bounds=True, **params)
+                   out_bshape=local_b, nbatch=nbatch, check_bounds=True, **p)
         return out.reshape(local_b + local_src)
-    return in_specs, o, local_rows_sharded
+    axes = ", ".join(a for e in row_specs for a in _partition.axes_of(e))
+    return in_specs, o, local_rows_sharded, (
+        f"the gradient stays sharded along its rows ({axes}): each device adds, in index "
+        "order, the cotangent rows of the rows it holds")
 
 
 def _scatter_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent],
@@ -208,7 +235,9 @@ def _scatter_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent],
 
 def _scatter_transpose(cts: Tangent, ct: Primal, offsets: Primal, index: Primal, num: Primal,
                        *, dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
-                       check_bounds: bool, nbatch: int, impl: str) -> list[Tangent | None]:
+                       check_bounds: bool, nbatch: int, impl: str,
+                       wire_of: str | None) -> list[Tangent | None]:
+    # wire_of is set only inside a partitioned call's shard, where no transform runs.
     offsets, index, num = _rows.not_linear(_names.SCATTER_ADD.primitive, (
         ("offsets", offsets), ("index", index), ("num_indices", num)))
     if not _compat.is_undefined_primal(ct):
@@ -228,14 +257,16 @@ def _scatter_transpose(cts: Tangent, ct: Primal, offsets: Primal, index: Primal,
 
 def _scatter_batch(axis_size: int, args: Sequence[jax.Array], bdims: Sequence[int | None], *,
                    dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
-                   check_bounds: bool, nbatch: int, impl: str) -> tuple[jax.Array, int]:
+                   check_bounds: bool, nbatch: int, impl: str,
+                   wire_of: str | None) -> tuple[jax.Array, int]:
     ct, offsets, index, num = [_rows.lead(a, bd) for a, bd in zip(args, bdims)]
     if bdims[0] is None:
         # ct always carries the full batch shape (its transpose, gather, returns it).
         ct = jnp.broadcast_to(ct, (axis_size,) + ct.shape[1:])
     out = _compat.bind(scatter_add_p, ct, offsets, index, num, dim=dim, src_shape=src_shape,
                              out_bshape=(axis_size,) + tuple(out_bshape),
-                             check_bounds=check_bounds, nbatch=nbatch + 1, impl=impl)
+                             check_bounds=check_bounds, nbatch=nbatch + 1, impl=impl,
+                             wire_of=wire_of)
     return out, 0
 
 

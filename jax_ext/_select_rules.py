@@ -131,7 +131,7 @@ def _spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
     def local(bind: Callable[..., jax.Array], cond: jax.Array, x: jax.Array,
               y: jax.Array) -> jax.Array:
         return bind(cond, x, y, out_shape=local_shape, dims=dims, **params)
-    return in_specs, o, local
+    return in_specs, o, local, None
 
 
 def _zero_scalar(dtype: DTypeLike) -> jax.Array:

@@ -62,9 +62,21 @@ def collectives(text):
     return out
 
 
+# A fusion of nothing but a bitcast-convert: a whole copy of a buffer, to change its type.
+CONVERT = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* fusion\([^)]*\), kind=kLoop, "
+                     r"calls=%wrapped_bitcast-convert")
+
+
+def conversions(text):
+    """[bytes] of every buffer the compiled program copies only to change its type (a
+    value converted to or from its wire dtype around a kernel, say)."""
+    return [int(np.prod([int(d) for d in dims.split(",") if d])) * WIDTH.get(ty, 8)
+            for ty, dims in CONVERT.findall(text)]
+
+
 def compiled(f, *args):
     c = jax.jit(f).lower(*args).compile()
-    return {"collectives": collectives(c.as_text()),
+    return {"collectives": collectives(c.as_text()), "conversions": conversions(c.as_text()),
             "temp": int(c.memory_analysis().temp_size_in_bytes)}
 
 
@@ -112,9 +124,15 @@ def spec_of(out):
     return [None if e is None else str(e) for e in spec + (None,) * (out.ndim - len(spec))]
 
 
+def reasons(f, *args):
+    """explain()'s reason for every jax_ext call site of f."""
+    return [d.reason for d in jax_ext.explain(f, *args)]
+
+
 def rows_case(impl, f, args, want, *, mesh=MESH):
     with jax_ext.implementation(impl):
         rec = compiled(f, *args)
+        rec["explain"] = reasons(f, *args)
         out = jax.jit(f)(*args)
     same_bits(out, want)
     rec["spec"] = spec_of(out)
@@ -154,6 +172,17 @@ def forward_checks():
                     rec = rows_case(impl, f, args, want)
                     rec.update(table=table.nbytes, result=want.nbytes, ndev=8)
                     return rec
+    # as many indices as rows, the result replicated: copying the table moves fewer bytes
+    table = bits(np.float32, (R, C))
+    idx = rng.integers(0, R, R).astype(np.int32)
+    for impl in IMPLS:
+        @check(f"copied[{impl}]")
+        def _():
+            args = (put(table, MESH, P("x", None)), put(idx, MESH, P()))
+            rec = rows_case(impl, lambda t, i: jax_ext.gather(t, [0], 0, i), args,
+                            table[idx])
+            rec.update(table=table.nbytes, result=table.nbytes, ndev=8)
+            return rec
 
 
 def explicit_checks():
@@ -184,6 +213,7 @@ def explicit_checks():
             g = jax.grad(lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) ** 2))
             with jax.set_mesh(EMESH), jax_ext.implementation(impl):
                 rec = compiled(g, *args)
+                rec["explain"] = reasons(g, *args)
                 out = jax.jit(g)(*args)
             ok = (idx >= 0) & (idx < R)
             ref = np.zeros_like(t)
@@ -229,6 +259,7 @@ def step_checks():
                         out = js(*args)
                     same_bits(out, want)
                     return {"collectives": collectives(c.as_text()),
+                            "conversions": conversions(c.as_text()),
                             "temp": int(c.memory_analysis().temp_size_in_bytes),
                             "spec": spec_of(out), "table": t.nbytes,
                             "result": n * C * dt.itemsize, "ndev": 8}

@@ -286,6 +286,17 @@ def ffi_gather_malicious():
     expect_runtime_error("differ in dtype", ffi_gather, src, off, idx, num,
                          pad.astype(jnp.float64), out=out, **ok)
     expect_runtime_error("differ in dtype", ffi_gather, *args, out=((3, 5), jnp.int32), **ok)
+    # the rows as wire values (pad_value and the result the unsigned integer of src's width,
+    # as a partitioned call's shard gathers them): the same bytes
+    wire = ffi_gather(src, off, idx, num, jax.lax.bitcast_convert_type(pad, jnp.uint32),
+                      out=((3, 5), jnp.uint32), **ok)
+    np.testing.assert_array_equal(wire, np.asarray(src)[[0, 3, 1]].view(np.uint32))
+    for pdt, odt in ((jnp.int32, jnp.int32), (jnp.uint16, jnp.uint16), (jnp.uint64, jnp.uint64),
+                     (jnp.bool_, jnp.bool_)):
+        expect_runtime_error("differ in dtype", ffi_gather, src, off, idx, num,
+                             pad.astype(pdt), out=((3, 5), odt), **ok)
+    expect_runtime_error("differ in dtype", ffi_gather, src.astype(jnp.int4), off, idx, num,
+                         pad.astype(jnp.uint8), out=((3, 5), jnp.uint8), **ok)
     expect_runtime_error("", ffi_gather, src, off.astype(jnp.float32), idx, num, pad, out=out,
                          **ok)
     expect_runtime_error("integer dtype", ffi_gather, src, off, idx.astype(jnp.float32), num,
@@ -358,6 +369,13 @@ def ffi_scatter_malicious():
                          **dict(ok, src_shape=[4, 2, 5], row_len=1 << 62))
     expect_runtime_error("differ in dtype", ffi_scatter, ct, off, idx, num,
                          out=((4, 5), jnp.float64), **ok)
+    # a cotangent of wire values (gathered across devices as the unsigned integer of its
+    # width) is read as the result's dtype: the same sums
+    wire = jax.lax.bitcast_convert_type(ct, jnp.uint32)
+    np.testing.assert_array_equal(ffi_scatter(wire, off, idx, num, out=out, **ok), want)
+    for dt in (jnp.int32, jnp.uint16, jnp.uint64):
+        expect_runtime_error("differ in dtype", ffi_scatter, ct.astype(dt), off, idx, num,
+                             out=out, **ok)
     for dt in (jnp.bool_, ml_dtypes.float8_e4m3fn, jnp.int4):
         expect_runtime_error("", ffi_scatter, ct.astype(dt), off, idx, num, out=((4, 5), dt),
                              **ok)

@@ -79,6 +79,13 @@ def _get(rows, name):
     return rec
 
 
+def _copies(rec, limit):
+    """The buffers of more than `limit` bytes the program copies only to change their
+    type (a device's own block of the result or the cotangent, converted to wire values
+    before a collective, is below it)."""
+    return [b for b in rec["conversions"] if b > limit]
+
+
 def _float_collectives(rec):
     return [c for c in rec["collectives"] if c[1] in FLOATS]
 
@@ -93,9 +100,30 @@ def test_forward_keeps_the_table_sharded(rows, name):
     if "grad" in name:
         assert rec["spec"][0] == "x", rec  # the gradient keeps the table's sharding
         assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
+        assert any("the gradient stays sharded along its rows (x)" in r
+                   for r in rec["explain"]), rec["explain"]
         return
+    if name.startswith(("forward", "explicit_forward")):  # explain() says which way
+        assert len(rec["explain"]) == 1 and "the table stays sharded along its rows (x)" \
+            in rec["explain"][0], rec["explain"]
     assert sum(sizes) <= 4 * result, rec["collectives"]
     assert rec["temp"] <= table / n + 4 * result + SLACK, rec
+    if name.startswith(("forward", "explicit_forward")):
+        # The rows a kernel gathers go to the combine as they are, with no copy to change
+        # their type (the kernel writes the wire values: pad_value's dtype). (Elsewhere
+        # XLA reshards the result after the call, which crosses as wire values too.)
+        assert not _copies(rec, 2 * result / n), rec["conversions"]
+
+
+@pytest.mark.parametrize("impl", ["native", "lax", "auto"])
+def test_a_result_as_large_as_the_table_copies_it_and_explain_says_so(rows, impl):
+    """As many indices as rows, the result replicated: combining the rows would move twice
+    the table, so the table is all-gathered (as unsigned integers), and explain() says
+    why."""
+    rec = _get(rows, f"copied[{impl}]")
+    assert [tuple(c[:2]) for c in rec["collectives"]] == [("all-gather", "u32")], rec["collectives"]
+    assert len(rec["explain"]) == 1 and "is copied to every device (1 MiB): fewer bytes " \
+        "than combining the rows (about 2 MiB)" in rec["explain"][0], rec["explain"]
 
 
 @pytest.mark.parametrize("name", _names("step"))
@@ -107,6 +135,9 @@ def test_training_step_keeps_the_table_sharded_with_one_devices_bits(rows, name)
     assert not any(c[2] >= table / 2 and c[2] > result for c in rec["collectives"]), rec
     assert not _float_collectives(rec), rec["collectives"]
     assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
+    # The kernel reads the gathered cotangent's wire values as they came (no copy back to
+    # floats: scatter-add's wire_of), and writes the rows the table's update reads.
+    assert not _copies(rec, 2 * result / n), rec["conversions"]
 
 
 @pytest.mark.parametrize("name", _names("reshard"))

@@ -76,4 +76,22 @@ inline ffi::Error CheckWholeBytes(const char* op, ffi::DataType t) {
   return ffi::Error::Success();
 }
 
+// A buffer holds the bits of `want` where its dtype `got` is `want`, or where one of the two
+// is the unsigned integer of the other's width: a value that crossed devices as such (its
+// wire type, jax_ext/_partition.py): a scatter-add's cotangent gathered across devices, a
+// gather's rows given as wire values for an integer sum. The kernel reads it as `want`.
+inline bool IsUnsignedInt(ffi::DataType t) {
+  return t == ffi::DataType::U8 || t == ffi::DataType::U16 || t == ffi::DataType::U32 ||
+         t == ffi::DataType::U64;
+}
+inline ffi::Error CheckDtypeOrWire(const char* op, const char* what, ffi::DataType want,
+                                   ffi::DataType got) {
+  if (got == want) return ffi::Error::Success();
+  const bool wire = (IsUnsignedInt(want) || IsUnsignedInt(got)) && !IsSubByte(want) &&
+                    !IsSubByte(got) && want != ffi::DataType::PRED && got != ffi::DataType::PRED &&
+                    ffi::ByteWidth(want) == ffi::ByteWidth(got);
+  if (wire) return ffi::Error::Success();
+  return Invalid(op, std::string(what) + " differ in dtype");
+}
+
 }  // namespace jax_ext

@@ -195,8 +195,11 @@ ffi::Error GatherRun(ffi::ThreadPool pool, ffi::AnyBuffer src, ffi::AnyBuffer of
                      ffi::Result<ffi::AnyBuffer> out, const RowLayout& g, const OperandStrides& st,
                      bool check_bounds) {
   const ffi::DataType dt = out->element_type();
-  JAX_EXT_RETURN_IF_ERROR(CheckSameDtype("gather", "src, pad_value and the result", dt,
-                                         {src.element_type(), pad.element_type()}));
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckSameDtype("gather", "src, pad_value and the result", dt, {pad.element_type()}));
+  // The kernel moves bytes: the result (and pad_value) may be src's wire values.
+  JAX_EXT_RETURN_IF_ERROR(
+      CheckDtypeOrWire("gather", "src, pad_value and the result", dt, src.element_type()));
   JAX_EXT_RETURN_IF_ERROR(CheckWholeBytes("gather", dt));
   JAX_EXT_RETURN_IF_ERROR(CheckIndexDtypes("gather", offsets, index, num));
   if (out->element_count() == 0) return ffi::Error::Success();

@@ -408,8 +408,9 @@ ffi::Error ScatterAddRun(ffi::ThreadPool pool, ffi::AnyBuffer ct, ffi::AnyBuffer
                          ffi::AnyBuffer index, ffi::AnyBuffer num, ffi::Result<ffi::AnyBuffer> out,
                          const RowLayout& g, const OperandStrides& st, bool check_bounds) {
   const ffi::DataType dt = out->element_type();
+  // ct may arrive as its wire values (the collective that gathered it moved integers).
   JAX_EXT_RETURN_IF_ERROR(
-      CheckSameDtype("scatter_add", "the cotangent and the result", dt, {ct.element_type()}));
+      CheckDtypeOrWire("scatter_add", "the cotangent and the result", dt, ct.element_type()));
   JAX_EXT_RETURN_IF_ERROR(CheckIndexDtypes("scatter_add", offsets, index, num));
   // An unsupported dtype is turned away before anything is allocated or mapped.
   JAX_EXT_RETURN_IF_ERROR(

@@ -6,6 +6,7 @@ The lowering records one Decision per call site it lowers for CPU while a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,24 +62,52 @@ def _user_frame(ctx: Any) -> str:
     return "?"
 
 
+class Notes:
+    """What a call site's Decision adds to its reason once it is settled: how a call
+    partitioned over a mesh is laid out, decided while the program is lowered (explicit
+    axes) or only while XLA compiles it (custom_partitioning, `compiled=True`)."""
+
+    def __init__(self) -> None:
+        self._sink: list[Decision] | None = None
+        self._i = -1
+        self._texts: list[str] = []
+
+    def add(self, text: str) -> None:
+        if text in self._texts:  # XLA may ask for a shard's program more than once
+            return
+        self._texts.append(text)
+        if self._sink is not None:
+            d = self._sink[self._i]
+            self._sink[self._i] = dataclasses.replace(d, reason=f"{d.reason}; {text}")
+
+    def compiled(self) -> None:
+        """The layout is decided when XLA compiles: explain compiles the program."""
+        if getattr(_log, "sink", None) is not None:
+            _log.compile = True
+
+
 def record(ctx: Any, op: str, impl: str, requested: str, reason: str,
            est_native_s: float | None = None, est_lax_s: float | None = None,
-           site: str | None = None) -> None:
+           site: str | None = None, notes: Notes | None = None) -> None:
     """Called by the lowering for every call site it lowers for CPU."""
     sink = getattr(_log, "sink", None)
     if sink is not None:
+        if notes is not None and notes._texts:
+            reason = "; ".join([reason, *notes._texts])
         sink.append(Decision(op, impl, requested, reason, _user_frame(ctx), est_native_s,
                              est_lax_s, site))
+        if notes is not None:
+            notes._sink, notes._i = sink, len(sink) - 1
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[list[Decision]]:
-    old = getattr(_log, "sink", None)
-    _log.sink = []
+    old = getattr(_log, "sink", None), getattr(_log, "compile", False)
+    _log.sink, _log.compile = [], False
     try:
         yield _log.sink
     finally:
-        _log.sink = old
+        _log.sink, _log.compile = old
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]:
@@ -103,6 +132,12 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
             jit passes a static argument.
         **kwargs: keyword arguments, as for the call.
 
+    A call site partitioned over several devices adds how: a gather from a table sharded
+    along its rows says whether the table stays sharded (each device gathers the rows it
+    holds and the devices sum them as integers) or is copied, and the bytes each way
+    moves. Where XLA's compiler lays such a call out (auto mesh axes), ``explain``
+    compiles the program too.
+
     Returns:
         One :class:`Decision` per call site, in lowering order.
     """
@@ -112,7 +147,10 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Decision]
     # own function is traced instead, with its donations.
     traced, dyn = traceable(getattr(fn, "__wrapped__", fn) if donate else fn, args, kwargs)
     with recording() as decisions:
-        jax.jit(traced, donate_argnums=donate).trace(*dyn).lower(lowering_platforms=("cpu",))
+        lowered = jax.jit(traced, donate_argnums=donate).trace(*dyn).lower(
+            lowering_platforms=("cpu",))
+        if _log.compile:  # a call partitioned over a mesh is laid out by XLA's compiler
+            lowered.compile()
     return list(decisions)
 
 
