@@ -1,5 +1,6 @@
 """Two processes, one mesh: jax.distributed on 127.0.0.1 with 2 processes x 2 host
-devices and gloo CPU collectives. Each process runs the sharding matrix
+devices (and, for a table sharded along its rows, 2 x 4) and gloo CPU collectives. Each
+process runs the sharding matrix
 (sharding_checks.MATRIX: select and gather, forward, grad and vmap, evenly and unevenly
 sharded, under "native", "lax" and "auto", on auto mesh axes, explicit ones under
 jax.set_mesh and jax.make_mesh's default axes with no mesh set) over the 4 global devices,
@@ -28,16 +29,26 @@ def _free_port():
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    return _run(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="module")
+def results_2x4(tmp_path_factory):
+    """The row-sharded table alone, on 2 processes x 4 devices."""
+    return _run(tmp_path_factory, 4, "rows")
+
+
+def _run(tmp_path_factory, per_process, *what):
     outdir = tmp_path_factory.mktemp("multiprocess")
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_force_host_platform_device_count=2").strip()
+                        f" --xla_force_host_platform_device_count={per_process}").strip()
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_EXT_IMPL", None)  # each check sets its implementation itself
     port = _free_port()
     logs = [open(outdir / f"process{k}.log", "w+") for k in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess_child.py"),
-                               str(port), str(k), str(outdir)], env=env, cwd=HERE,
+                               str(port), str(k), str(outdir), *what], env=env, cwd=HERE,
                               stdout=logs[k], stderr=subprocess.STDOUT) for k in range(2)]
     try:
         for p in procs:
@@ -83,12 +94,14 @@ def test_shard_map_training_step_across_processes(results, impl):
     assert results[0][name]["losses"] == results[1][name]["losses"]
 
 
+@pytest.mark.parametrize("layout", ["2x2", "2x4"])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_row_sharded_table_across_processes(results, impl):
+def test_row_sharded_table_across_processes(request, impl, layout):
     """A table sharded along its rows over both processes' devices: the forward's bits
     equal numpy's and a training step's table one device's, in both processes; no
     collective carries the table or a bfloat16 (tests/multiprocess_child.py)."""
     name = f"row_sharded_table[{impl}]"
+    results = request.getfixturevalue("results" if layout == "2x2" else "results_2x4")
     for k, res in enumerate(results):
         assert name in res, f"process {k}: {name} did not run"
         assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
