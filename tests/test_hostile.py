@@ -295,6 +295,12 @@ def ffi_gather_malicious():
                      (jnp.bool_, jnp.bool_)):
         expect_runtime_error("differ in dtype", ffi_gather, src, off, idx, num,
                              pad.astype(pdt), out=((3, 5), odt), **ok)
+    # bool rows as uint8 (bool's wire dtype), but never bytes read as bool
+    wire = ffi_gather(src > 0, off, idx, num, pad.astype(jnp.uint8), out=((3, 5), jnp.uint8),
+                      **ok)
+    np.testing.assert_array_equal(wire, (np.asarray(src) > 0)[[0, 3, 1]].astype(np.uint8))
+    expect_runtime_error("differ in dtype", ffi_gather, (src > 0).astype(jnp.uint8), off, idx,
+                         num, pad > 0, out=((3, 5), jnp.bool_), **ok)
     expect_runtime_error("differ in dtype", ffi_gather, src.astype(jnp.int4), off, idx, num,
                          pad.astype(jnp.uint8), out=((3, 5), jnp.uint8), **ok)
     expect_runtime_error("", ffi_gather, src, off.astype(jnp.float32), idx, num, pad, out=out,

@@ -87,6 +87,8 @@ inline bool IsUnsignedInt(ffi::DataType t) {
 inline ffi::Error CheckDtypeOrWire(const char* op, const char* what, ffi::DataType want,
                                    ffi::DataType got) {
   if (got == want) return ffi::Error::Success();
+  // bool crosses as uint8: a bool buffer's bytes (0 or 1) read as uint8, never the reverse
+  if (want == ffi::DataType::U8 && got == ffi::DataType::PRED) return ffi::Error::Success();
   const bool wire = (IsUnsignedInt(want) || IsUnsignedInt(got)) && !IsSubByte(want) &&
                     !IsSubByte(got) && want != ffi::DataType::PRED && got != ffi::DataType::PRED &&
                     ffi::ByteWidth(want) == ffi::ByteWidth(got);
