@@ -354,6 +354,33 @@ def reshard_checks():
                     out = jf(*args)
                 same_bits(out, want)
                 return {"collectives": collectives(cc.as_text())}
+    # Every other dtype crosses as the unsigned integer of its width too (bool as uint8):
+    # a where with its operands and result sharded differently, and a row-sharded gather
+    # whose result is resharded, keep random bits.
+    others = [np.float16, np.float32, np.int8, np.int32, np.uint16, np.bool_,
+              ml_dtypes.float8_e4m3fn] + ([np.float64, np.int64] if X64 else [])
+    for dt in map(np.dtype, others):
+        c = rng.random(shape) > 0.5
+        x, y, t = bits(dt, shape), bits(dt, shape), bits(dt, (512, 32))
+        i = rng.integers(-2, 514, 64).astype(np.int32)
+        zero = np.zeros((), dt)
+        for impl in IMPLS:
+            @check(f"reshard_dtype[{dt.name},{impl}]")
+            def _():
+                colls = []
+                where = jax.jit(lambda c, x, y: jax_ext.where(c, x, y),
+                                out_shardings=NamedSharding(MESH, P(None, "x")))
+                gather = jax.jit(lambda t, i: jax_ext.gather(t, [0], 0, i, pad_value=zero),
+                                 out_shardings=NamedSharding(MESH, P(None, "x")))
+                with jax_ext.implementation(impl):
+                    for jf, args, want in (
+                            (where, (put(c, MESH, P()), put(x, MESH, P("x", None)),
+                                     put(y, MESH, P(None, "x"))), np.where(c, x, y)),
+                            (gather, (put(t, MESH, P("x", None)), put(i, MESH, P("x"))),
+                             np_gather(t, i, 64, zero, 32))):
+                        colls += collectives(jf.lower(*args).compile().as_text())
+                        same_bits(jf(*args), want)
+                return {"collectives": colls}
 
 
 # --- jax.export of sharded programs: serialized, deserialized, called on the mesh ---------

@@ -146,6 +146,23 @@ def test_bits_survive_every_reshard(rows, name):
     assert not _float_collectives(rec), rec["collectives"]
 
 
+def _dtype_names():
+    # the child runs with jax_enable_x64: the 64-bit dtypes too
+    others = ["float16", "float32", "int8", "int32", "uint16", "bool", "float8_e4m3fn",
+              "float64", "int64"]
+    return [f"reshard_dtype[{dt},{i}]" for dt in others for i in ("native", "lax", "auto")]
+
+
+@pytest.mark.parametrize("name", _dtype_names())
+def test_every_dtype_crosses_devices_as_unsigned_integers(rows, name):
+    """A where whose operands and result are sharded differently and a row-sharded gather
+    whose result is resharded keep random bits (the child compared them with numpy's),
+    and every collective moves unsigned integers."""
+    rec = _get(rows, name)
+    kinds = {c[1] for c in rec["collectives"]}
+    assert rec["collectives"] and kinds <= {"u8", "u16", "u32", "u64"}, rec["collectives"]
+
+
 @pytest.mark.parametrize("name", _names("export"))
 def test_sharded_export_round_trip(rows, name):
     """Exported, serialized, deserialized and called on the mesh: the child compared bits
