@@ -23,11 +23,21 @@ from ._compat import JAX_VERSION, Aval, PartitionSpec, Primitive, SpecEntry, fal
 # (wrap a function, then def_partition).
 from jax.experimental.custom_partitioning import custom_partitioning as _cp
 from jax._src import dispatch as _dispatch
+# jax's own tie of two values' shardings (a Shardy sharding group); typed below by what
+# jax_ext does with it: one array tied to another of its shape, the first returned.
+from jax.experimental.shard_alike import shard_alike as _sa
 
 custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
+_shard_alike: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] = _sa
 # The axis context of a jit lowering that will be partitioned (not a shard_map body or
 # pmap); public in jax.interpreters.mlir at both ends of the window.
 ShardingContext = mlir.ShardingContext
+
+
+def shard_alike(x: jax.Array, like: jax.Array) -> jax.Array:
+    """`x`, which XLA shards as `like` (jax.experimental.shard_alike)."""
+    out: jax.Array = _shard_alike(x, like)[0]
+    return out
 
 
 def require_devices_during_lowering(prim: Primitive) -> bool:
@@ -74,6 +84,18 @@ def spmd_mesh_shape(ctx: mlir.LoweringRuleContext) -> dict[str, int] | None:
         fallback("jax's lowering context did not say how the call is partitioned: it "
                  "lowers unpartitioned (replicated)", e)
         return None
+
+
+def several_devices(ctx: mlir.LoweringRuleContext) -> bool:
+    """Will XLA partition the program `ctx` lowers across several devices (a jit or an
+    export on a mesh, not a shard_map body, pmap or the GSPMD partitioner)?"""
+    try:
+        ac = ctx.module_context.axis_context
+        return isinstance(ac, ShardingContext) and ac.num_devices > 1 and not gspmd()
+    except Exception as e:
+        fallback("jax's lowering context did not say how many devices the program runs "
+                 "on: it lowers as for one", e)
+        return False
 
 
 def export_mesh(ctx: mlir.LoweringRuleContext) -> Any | None:

@@ -43,6 +43,7 @@ from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
 # gather's transpose binds the scatter-add, whose rules _scatter_add registers
 from . import _scatter_add  # noqa: F401
 from ._primitives import gather_p, scatter_add_p
+from ._shard_like import shard_like
 from ._common import sum_to_shape
 
 Zero = _compat.Zero
@@ -238,6 +239,9 @@ def _gather_jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent], *, di
         return out, jnp.broadcast_to(t, out.shape).astype(out.dtype)
     if type(tp) is Zero:
         tp = jnp.zeros((1,) * nbatch, ts.dtype)
+    # The table's tangent tied to the table: its transpose, the gradient, is sharded as
+    # the table where XLA partitions the program (see _shard_like).
+    ts = shard_like(ts, src)
     return out, _compat.bind(gather_p, ts, offsets, index, num, tp, **params)
 
 

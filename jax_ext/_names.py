@@ -111,8 +111,10 @@ OPS: tuple[OpSpec, ...] = (SELECT, GATHER, SCATTER_ADD)
 
 # One shard's computation of a partitioned call (_lowering: lowered by jax_ext itself).
 SHARD_LOCAL = "jax_ext_shard_local"
+# A value tied to another's sharding (_shard_like: a gradient sharded as its table).
+SHARD_LIKE = "jax_ext_shard_like"
 
 # Every FFI target jax_ext registers, and every primitive it binds.
 TARGETS: tuple[str, ...] = tuple(t for o in OPS for t in o.targets)
 PRIMITIVES: frozenset[str] = frozenset(
-    n for o in OPS for n in (o.primitive,) + o.shard_primitives) | {SHARD_LOCAL}
+    n for o in OPS for n in (o.primitive,) + o.shard_primitives) | {SHARD_LOCAL, SHARD_LIKE}

@@ -31,7 +31,7 @@ LAYERS = [
     # an op's front-end and rules (gather's partitioning split from its rules by role)
     {m for o in _names.OPS for m in (o.front_end, o.rules) if m} | {"jax_ext._gather_partition"},
     {"jax_ext._rows", "jax_ext._lowering", "jax_ext._partition", "jax_ext._primitives",
-     "jax_ext._gather_args", "jax_ext._eager"},
+     "jax_ext._gather_args", "jax_ext._eager", "jax_ext._shard_like"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},
     {"jax_ext._common", "jax_ext._config", "jax_ext._compat", "jax_ext._compat_sharding",
      "jax_ext._names", "jax_ext._types", "jax_ext._version", "jax_ext._jax_ext",

@@ -158,7 +158,7 @@ def test_jax2onnx_interface_is_there():
     assert lo <= _plugins.version()[:2] < hi
     assert all(_plugins.registered(p) for p in jax_ext.onnx.PRIMITIVES)
     assert set(jax_ext.onnx.PRIMITIVES) == {"jax_ext_select", "jax_ext_gather",
-                                            "jax_ext_scatter_add"}
+                                            "jax_ext_scatter_add", "jax_ext_shard_like"}
 
 
 def test_interface_check_reports_what_moved(monkeypatch):

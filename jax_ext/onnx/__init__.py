@@ -1,7 +1,7 @@
 """Export programs that use jax_ext to ONNX with jax2onnx.
 
 ``import jax_ext.onnx`` teaches jax2onnx (the ``onnx`` extra: ``pip install
-"jax_ext[onnx]"``) jax_ext's three primitives; ``jax2onnx.to_onnx`` then converts a
+"jax_ext[onnx]"``) jax_ext's primitives; ``jax2onnx.to_onnx`` then converts a
 function that calls :func:`jax_ext.select`, :func:`jax_ext.where`, :func:`jax_ext.where3`
 or :func:`jax_ext.gather`, under ``vmap`` and ``grad`` too, to standard ONNX operators
 (``GatherElements``, ``Gather``, ``ScatterND``, ...) that onnxruntime and OpenVINO run::
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 
-from .. import _primitives
+from .. import _primitives, _shard_like
 from . import _graphs, _plugins
 from ._graphs import Unsupported, plain_where
 from ._plugins import interface_problems
@@ -41,6 +41,7 @@ _LOWERINGS = {
                                                   "Concat", "Expand", "Range", "Reshape")),
     _primitives.scatter_add_p.name: (_graphs.scatter_add, ("ScatterND", "ConstantOfShape",
                                                             "Expand", "Slice", "Cast")),
+    _shard_like.shard_like_p.name: (_graphs.shard_like, ("Identity",)),
 }
 PRIMITIVES: tuple[str, ...] = tuple(_LOWERINGS)
 """The jax primitives this module teaches jax2onnx."""

@@ -1,4 +1,4 @@
-"""The ONNX graphs of jax_ext's three primitives, from standard operators only.
+"""The ONNX graphs of jax_ext's primitives, from standard operators only.
 
 Each function here gets an :class:`~jax_ext.onnx._plugins.Emitter`, the equation's params
 and avals, and returns the result's value. Values move bit for bit: they only ever pass
@@ -433,6 +433,13 @@ def _acc_dtype(dtype: Any) -> np.dtype[Any]:
     """float16 and bfloat16 accumulate in float32 and round once, as jax_ext's kernels."""
     dt = np.dtype(dtype)
     return np.dtype(np.float32) if dt.name in ("float16", "bfloat16") else dt
+
+
+def shard_like(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any],
+               out: Any) -> Value:
+    """jax_ext_shard_like: its first operand (a sharding tie, which ONNX has no use for)."""
+    x, _ = g.inputs()
+    return g.op("Identity", x)
 
 
 def scatter_add(g: Emitter, params: Mapping[str, Any], avals: Sequence[Any],
