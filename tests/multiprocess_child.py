@@ -66,8 +66,9 @@ def training_step(sc, impl):
 
 def row_sharded(sc, impl):
     """A table sharded along its rows over both processes' devices: the forward (random
-    bfloat16 bits, pad rows) equals numpy's, a training step's updated table equals one
-    device's, and neither program moves the table or a float between devices."""
+    bfloat16 bits, pad rows) equals numpy's, a training step's updated table and a bare
+    gradient (sharded as the table) equal one device's, and no program moves the table or
+    a float between devices."""
     import jax_ext
     import ml_dtypes
     rng = np.random.default_rng(5)
@@ -97,6 +98,17 @@ def row_sharded(sc, impl):
                 sc.global_array(w, NamedSharding(mesh, P("x", None))))
         text += js.lower(*args).compile().as_text()
         sc.same_bits(js(*args), one)
+        # A bare grad, no out_shardings: the gradient comes back sharded as the table,
+        # each process holding its devices' rows, with one device's bits.
+        grad = jax.jit(jax.grad(
+            lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i, pad_value=0.0) * w)))
+        one_g = np.asarray(grad(*(jax.device_put(a, local) for a in (tf, idx))))
+        text += grad.lower(args[0], ids).compile().as_text()
+        g = grad(args[0], ids)
+    assert tuple(g.sharding.spec)[:1] == ("x",), g.sharding.spec
+    for s in g.addressable_shards:
+        assert s.data.shape == (R // len(sc.DEV), C), s.data.shape
+        sc.same_bits(s.data, one_g[s.index])
     colls = [ln for ln in text.splitlines() if sc.COLL.search(ln)]
     assert not [ln for ln in colls if f"[{R},{C}]" in ln], colls  # never the table
     assert not [ln for ln in colls if " bf16[" in ln], colls

@@ -223,6 +223,47 @@ def explicit_checks():
             return rec
 
 
+def auto_grad_checks():
+    """A bare jax.grad on auto mesh axes, with no out_shardings: the gradient comes back
+    sharded as its table (as it is typed under explicit axes), with the bits of numpy's
+    scatter-add and of the jnp twin's gradient; on a 1-D and a 2-D mesh, and per example
+    under vmap."""
+    # small integers (no -0.0): every order of the sums gives the same bits
+    t = np.round(rng.standard_normal((R, C)) * 4).astype(np.float32) + np.float32(0)
+    idx = rng.integers(-3, R + 3, (2, N)).astype(np.int32)
+    idx[:, : N // 4] = idx[:, N // 4: N // 2]  # repeated rows accumulate
+    loss = lambda t, i: jnp.sum(jax_ext.gather(t, [0], 0, i) ** 2)  # noqa: E731
+    twin = lambda t, i: jnp.sum(jnp.take(t, jnp.where(i < 0, R, i), axis=0,  # noqa: E731
+                                         mode="fill", fill_value=0) ** 2)
+
+    def ref(i):
+        ok = (i >= 0) & (i < R)
+        out = np.zeros_like(t)
+        np.add.at(out, i[ok], 2 * t[i[ok]])
+        return out
+    cases = {"1d": (MESH, P("x", None), P("x"), jax.grad, idx[0], ref(idx[0])),
+             "2d": (MESH2, P("model", "data"), P("data"), jax.grad, idx[0], ref(idx[0])),
+             "vmap": (MESH, P("x", None), P(None, "x"),
+                      lambda f: jax.vmap(jax.grad(f), in_axes=(None, 0)), idx,
+                      np.stack([ref(i) for i in idx]))}
+    for case, (mesh, tspec, ispec, grad, i, want) in cases.items():
+        for impl in IMPLS:
+            @check(f"auto_grad[{case},{impl}]")
+            def _():
+                args = (put(t, mesh, tspec), put(i, mesh, ispec))
+                g = grad(loss)
+                with jax_ext.implementation(impl):
+                    c = jax.jit(g).lower(*args).compile()
+                    rec = compiled(g, *args)
+                    rec["explain"] = reasons(g, *args)
+                    out = jax.jit(g)(*args)
+                same_bits(out, want)
+                same_bits(out, jax.jit(grad(twin))(*args))
+                rec.update(spec=spec_of(out), out=int(c.memory_analysis().output_size_in_bytes),
+                           table=want.nbytes, result=i.size * C * 4, ndev=8)
+                return rec
+
+
 # --- training step: the updated table equals one device's, bit for bit -----------------
 
 def step(t, i, w):
@@ -400,6 +441,9 @@ def export_checks():
         "gather": (lambda t, i: jax_ext.gather(t, [0], 0, i), (t, idx), (P("x", None), P("x")),
                    None),
         "step": (step, (tf, idx, w), (P("x", None), P("x"), P("x", None)), P("x", None)),
+        # a bare gradient, no out_shardings: sharded as its table, exported or not
+        "grad": (jax.grad(lambda t, i, w: jnp.sum(jax_ext.gather(t, [0], 0, i) * w)),
+                 (tf, idx, w), (P("x", None), P("x"), P("x", None)), None),
         "select cols": (lambda c, x, y: jax_ext.select(c, x, y), (c, t, y),
                         (P(None, "x"), P(None, "x"), P(None, "x")), None),
         "where": (lambda c, x, y: jax_ext.where(c, x, y), (c, t, y),
@@ -456,8 +500,8 @@ def partitioning_checks():
 if __name__ == "__main__":
     outdir = sys.argv[1]
     assert len(DEV) == 8, DEV
-    for run in (forward_checks, explicit_checks, step_checks, other_checks, reshard_checks,
-                export_checks):
+    for run in (forward_checks, explicit_checks, auto_grad_checks, step_checks, other_checks,
+                reshard_checks, export_checks):
         run()
     if "jax_partitioning" in jax.config.values:  # jax 0.12+
         partitioning_checks()

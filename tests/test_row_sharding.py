@@ -62,7 +62,8 @@ def _names(prefix):
                 for i in impls] + [f"jax_partitioning[{i}]" for i in impls
                                    if "jax_partitioning" in jax.config.values]
     if prefix == "export":
-        return [f"export[{p},{k},{i}]" for p in ("gather", "step", "select cols", "where")
+        return [f"export[{p},{k},{i}]" for p in ("gather", "step", "grad", "select cols",
+                                                 "where")
                 for k in ("auto", "explicit") for i in impls]
     return [f"reshard[{op},{dt},{how},{i}]" for dt in ("bfloat16", "float8_e5m2")
             for op, hows in (("where", ("out free", "out resharded")),
@@ -113,6 +114,25 @@ def test_forward_keeps_the_table_sharded(rows, name):
         # their type (the kernel writes the wire values: pad_value's dtype). (Elsewhere
         # XLA reshards the result after the call, which crosses as wire values too.)
         assert not _copies(rec, 2 * result / n), rec["conversions"]
+
+
+@pytest.mark.parametrize("impl", ["native", "lax", "auto"])
+@pytest.mark.parametrize("case,spec", [("1d", ["x", None]), ("2d", ["model", "data"]),
+                                       ("vmap", [None, "x", None])])
+def test_a_bare_grad_on_auto_axes_comes_back_sharded_as_its_table(rows, case, spec, impl):
+    """jax.grad of a row-sharded table on auto mesh axes, no out_shardings given: each
+    device holds its shard of the gradient (not the whole of it, as jnp.take's gradient
+    comes back), accumulated there with the bits of one device's (asserted in the child
+    against numpy and the jnp twin)."""
+    rec = _get(rows, f"auto_grad[{case},{impl}]")
+    table, result, n = rec["table"], rec["result"], rec["ndev"]
+    assert rec["spec"] == spec, rec["spec"]
+    assert rec["out"] == table // n, rec  # the gradient's shard, not the table
+    assert rec["temp"] <= table / n + 4 * result + SLACK, rec
+    assert not any(c[2] >= table / 2 for c in rec["collectives"]), rec["collectives"]
+    assert not _float_collectives(rec), rec["collectives"]
+    assert any("the gradient stays sharded along its rows" in r
+               for r in rec["explain"]), rec["explain"]
 
 
 @pytest.mark.parametrize("impl", ["native", "lax", "auto"])
@@ -175,3 +195,5 @@ def test_sharded_export_round_trip(rows, name):
     assert not [c for c in rec["collectives"] if c[1] in ("bf16", "f8e5m2")], rec
     assert not [c for c in rec["collectives"] if c[1] in FLOATS and c[0] != "all-gather"], rec
     assert rec["temp"] <= 2 * table / n + 4 * result + SLACK, rec
+    if "[grad," in name:  # a bare gradient comes back sharded as its table
+        assert rec["spec"][0] == "x", rec["spec"]
