@@ -51,10 +51,10 @@ PRIVATE_NAMES: dict[str, str] = {
     "jax.core.Tracer":
         "names a traced check_bounds 'a traced value' in its error message; no public test "
         "tells a tracer from a concrete array",
-    "jax.experimental.shard_alike.shard_alike":
-        "ties a gradient's sharding to its table's on auto mesh axes (a Shardy sharding "
-        "group), where nothing else carries the table's rows to the gradient; no public "
-        "name does this",
+    "jax._src.lib.mlir.dialects.sdy":
+        "a Shardy sharding group ties a gradient's sharding to its table's on auto mesh "
+        "axes, where nothing else carries the table's rows to the gradient; jax 0.12 "
+        "removed shard_alike, its public spelling",
     "jax.experimental.custom_partitioning.custom_partitioning":
         "the only way a custom call lowers per shard with local shapes and a Shardy rule",
     "jax.interpreters.ad.UndefinedPrimal":

@@ -6,6 +6,7 @@ name is listed in ``_compat.PRIVATE_NAMES``.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -23,21 +24,24 @@ from ._compat import JAX_VERSION, Aval, PartitionSpec, Primitive, SpecEntry, fal
 # (wrap a function, then def_partition).
 from jax.experimental.custom_partitioning import custom_partitioning as _cp
 from jax._src import dispatch as _dispatch
-# jax's own tie of two values' shardings (a Shardy sharding group); typed below by what
-# jax_ext does with it: one array tied to another of its shape, the first returned.
-from jax.experimental.shard_alike import shard_alike as _sa
+# Shardy's sharding group (what jax's shard_alike, gone in jax 0.12, lowered to): values
+# in one group get one sharding.
+from jax._src.lib.mlir.dialects import sdy as _sdy  # type: ignore[attr-defined, unused-ignore]
 
 custom_partitioning: Callable[[Callable[..., Any]], Any] = _cp
-_shard_alike: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] = _sa
 # The axis context of a jit lowering that will be partitioned (not a shard_map body or
 # pmap); public in jax.interpreters.mlir at both ends of the window.
 ShardingContext = mlir.ShardingContext
 
 
-def shard_alike(x: jax.Array, like: jax.Array) -> jax.Array:
-    """`x`, which XLA shards as `like` (jax.experimental.shard_alike)."""
-    out: jax.Array = _shard_alike(x, like)[0]
-    return out
+_groups = itertools.count()
+
+
+def sharding_group(*values: Any) -> None:
+    """Puts the lowered `values` (of one shape) in one new Shardy sharding group."""
+    g = next(_groups)
+    for v in values:
+        _sdy.sharding_group(v, g)
 
 
 def require_devices_during_lowering(prim: Primitive) -> bool:

@@ -1,8 +1,8 @@
 """shard_like: a value sharded as another of its shape, for gradients on auto mesh axes.
 
 ``jax_ext_shard_like(x, like)`` is ``x``, linear in ``x``; ``like`` is read for its
-sharding only. Where the call is partitioned across several devices, it lowers to jax's
-``shard_alike`` of the two (a Shardy sharding group): XLA gives ``x`` the sharding
+sharding only. Where the call is partitioned across several devices, it lowers to a Shardy
+sharding group of the two: XLA gives ``x`` the sharding
 ``like`` has. Its transpose is the same tie of the cotangent to ``like``.
 
 Why: the scatter-add that forms a table's gradient has the table's rows only in its
@@ -53,9 +53,8 @@ def _lowering(ctx: mlir.LoweringRuleContext, x: ir.Value[Any],
               like: ir.Value[Any]) -> _compat.IrValues:
     if not _compat_sharding.several_devices(ctx):
         return [x]
-    rule: mlir.LoweringRule = mlir.lower_fun(_compat_sharding.shard_alike,
-                                             multiple_results=False)
-    return rule(ctx, x, like)
+    _compat_sharding.sharding_group(x, like)
+    return [x]
 
 
 def _jvp(primals: Sequence[jax.Array], tangents: Sequence[Tangent]
