@@ -1,9 +1,9 @@
 """shard_like: a value sharded as another of its shape, for gradients on auto mesh axes.
 
 ``jax_ext_shard_like(x, like)`` is ``x``, linear in ``x``; ``like`` is read for its
-sharding only. Where the call is partitioned across several devices, it lowers to a Shardy
-sharding group of the two: XLA gives ``x`` the sharding
-``like`` has. Its transpose is the same tie of the cotangent to ``like``.
+sharding only. Where the program runs on several devices (a jit or an export on a mesh), it
+lowers to a Shardy sharding group of the two: XLA gives ``x`` the sharding ``like`` has.
+Its transpose is the same tie of the cotangent to ``like``.
 
 Why: the scatter-add that forms a table's gradient has the table's rows only in its
 result, so on auto mesh axes Shardy has nothing to take their sharding from, and a bare
@@ -12,10 +12,10 @@ gather's JVP ties the table's tangent to the table, so the transpose ties the gr
 it: the gradient comes back sharded like the table, as a gradient is typed like its
 primal under explicit axes. It changes no value, only where values live.
 
-On one device, inside a shard_map body, and for jax.export (where the lowering knows no
-operand's sharding) it lowers to ``x``. Under ``vmap``, an unbatched ``like`` is broadcast
-to ``x``'s shape: only its sharding is read, and XLA removes the unread broadcast; an
-unbatched ``x`` with a batched ``like`` stays as it is.
+On one device, inside a shard_map body and under the GSPMD partitioner it lowers to
+``x``. Under ``vmap``, an unbatched ``like`` is broadcast to ``x``'s shape: only its
+sharding is read, and XLA removes the unread broadcast; an unbatched ``x`` with a batched
+``like`` stays as it is.
 """
 from __future__ import annotations
 
@@ -51,9 +51,8 @@ def _abstract_eval(x: Aval, like: Aval) -> Aval:
 
 def _lowering(ctx: mlir.LoweringRuleContext, x: ir.Value[Any],
               like: ir.Value[Any]) -> _compat.IrValues:
-    if not _compat_sharding.several_devices(ctx):
-        return [x]
-    _compat_sharding.sharding_group(x, like)
+    if _compat_sharding.several_devices(ctx):
+        _compat_sharding.sharding_group(x, like)
     return [x]
 
 
