@@ -21,12 +21,10 @@
 #     pip, and the host's pip installs the aarch64 wheels into that venv's site-packages
 #     (--platform, --only-binary: nothing is built).
 set -euo pipefail
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  echo "usage: $0 WHEEL [ROOTDIR]" >&2; exit 2
-fi
 cd "$(dirname "$0")/.."
-WHEEL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-ARM=${2:-$PWD/build/arm64root}
+. .ci/chroot-lib.sh
+chroot_stage_args build/arm64root "$@"
+ARM=$ROOT
 PY=${PYTHON:-python3.11}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 QEMU=$(command -v qemu-aarch64-static) || {
@@ -49,7 +47,6 @@ cp "$QEMU" "$ARM/usr/bin/qemu-aarch64-static"
 # /proc for what runs inside (XLA reads the CPU's description there). /dev needs no mount:
 # debootstrap made its nodes (null, zero, urandom...) in the root, and binding the host's
 # /dev there would expose it to a later rm -rf of the root.
-. .ci/chroot-lib.sh
 chroot_mount -t proc proc "$ARM/proc"
 arm() { chroot "$ARM" /usr/bin/qemu-aarch64-static "$@"; }
 stamp "the root's Python: $(arm /usr/bin/python3.11 -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')"

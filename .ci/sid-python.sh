@@ -23,13 +23,10 @@
 # of the host's files; /proc and a fresh /dev/shm are mounted there and unmounted at exit.
 # The root's own /dev holds the nodes debootstrap made.
 set -euo pipefail
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  echo "usage: $0 WHEEL [ROOTDIR]" >&2; exit 2
-fi
 cd "$(dirname "$0")/.."
-WHEEL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-SID=${2:-$PWD/build/sidroot}
-SID=$(mkdir -p "$SID" && cd "$SID" && pwd)
+. .ci/chroot-lib.sh
+chroot_stage_args build/sidroot "$@"
+SID=$ROOT
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SMOKE_PYTHONS=${SMOKE_PYTHONS-3.14}
 NEWEST=${NEWEST_PYTHON:-3.15}
@@ -62,7 +59,6 @@ if ! have_pythons; then
     tail -20 "$SID.debootstrap.log" >&2; exit 1; }
   stamp "debootstrap done in $(($(date +%s) - t_start)) s"
 fi
-. .ci/chroot-lib.sh
 chroot_network "$SID"
 chroot_mount -t proc proc "$SID/proc"
 chroot_mount -t tmpfs -o mode=1777 shm "$SID/dev/shm"  # POSIX semaphores (multiprocessing)

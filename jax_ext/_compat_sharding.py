@@ -143,6 +143,20 @@ def exported_auto_sharded(ctx: mlir.LoweringRuleContext) -> bool:
         return False
 
 
+def exported_auto_mesh(ctx: mlir.LoweringRuleContext) -> Any | None:
+    """The abstract mesh of a call that `exported_auto_sharded`, all its axes Auto (the
+    call may lie in an auto_axes region of an Explicit mesh), or None (none named, or
+    the GSPMD partitioner).
+    Sharding constraints on its axes serialize (`_partition.constrained`)."""
+    from jax.sharding import AxisType
+    if gspmd() or not exported_auto_sharded(ctx):
+        return None
+    am = getattr(ctx.module_context.axis_context, "abstract_mesh", None)
+    if am is None or am.empty:
+        return None
+    return am.update_axis_types({a: AxisType.Auto for a in am.axis_names})
+
+
 def shard_map_partitioning() -> Any | None:
     """The abstract mesh, when jax lowers the ops of an Explicit mesh through shard_map
     (jax_partitioning on, jax 0.12+: custom_partitioning has no rule there); else None."""

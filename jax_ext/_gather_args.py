@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
-from . import _eager
+from . import _eager, _names
 from ._common import (as_array, describe, fmt_shape as _fmt, is_arraylike, is_py_scalar,
                       scalar_as)
 
@@ -103,6 +103,16 @@ def padded_row_len(last: int, itemsize: int, align_bytes: int | None) -> int:
         return last
     nbytes = last * itemsize
     return -(-nbytes // align_bytes) * align_bytes // itemsize
+
+
+def check_src_dtype(src: jax.Array, fn: str) -> None:
+    """A src of a dtype XLA:CPU cannot gather (_names.NOT_GATHERED) is a TypeError, where
+    the program would abort the process or fail to compile."""
+    name = np.dtype(src.dtype).name
+    if name in _names.NOT_GATHERED:
+        raise TypeError(f"{fn}: src {_fmt(src.shape)} has dtype {name}, which XLA cannot "
+                        "gather on CPU (jnp.take of it aborts the process); convert it to "
+                        "float32, which holds each of its values exactly, and back")
 
 
 def checked_dim(src: jax.Array, dim: object, fn: str) -> int:

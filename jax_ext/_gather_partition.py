@@ -106,7 +106,9 @@ def spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
     local_row_len = _partition.local_size(row_len, o[-1], mesh_shape)
     n_axes, n_local = o[nbatch], _partition.local_size(n, o[nbatch], mesh_shape)
     # A src XLA reshards first (all-gathers) arrives as the collective's wire values: the
-    # kernel, which moves bytes by width, reads those, where a view back would be copied.
+    # kernel, which moves bytes by width, reads those, where a view back would be copied,
+    # and writes the rows in src's dtype (pad_value's), which leave the call as they are
+    # (a bool's bytes are never read as bool: its rows come out as uint8).
     wired = tuple(given[0]) != tuple(in_specs[0])
 
     def local(bind: Callable[..., jax.Array], s: jax.Array, offsets: jax.Array,
@@ -117,8 +119,9 @@ def spmd_partition(o: Sequence[SpecEntry], mesh_shape: Mapping[str, int],
         if not wired:
             return bind(s, offsets, index, num, pad, dim=dim, row_len=local_row_len,
                         nbatch=nbatch, **params)
+        p = _partition.to_wire(pad) if pad.dtype == np.bool_ else pad
         return _partition.from_wire(bind(
-            _partition.to_wire(s), offsets, index, num, _partition.to_wire(pad), dim=dim,
+            _partition.to_wire(s), offsets, index, num, p, dim=dim,
             row_len=local_row_len, nbatch=nbatch, **params), s.dtype)
     return in_specs, o, local, note
 

@@ -16,7 +16,9 @@ both of the default integer type (int64 under ``jax_enable_x64``, else int32), a
 ``pad_value`` a scalar of ``src``'s dtype -- always operands, static or traced, so one
 compiled program serves every value. The result has ``pad_value``'s dtype: ``src``'s, or
 its wire dtype (_partition.wire_dtype), where a partitioned call's shard gathers rows it
-sums across devices as integers (the kernel moves bytes, so none is converted).
+sums across devices as integers; and ``src`` may be the wire values of ``pad_value``'s
+dtype, where a shard gathers from a table that crossed devices as them (the kernel moves
+bytes, so neither is converted).
 ``index`` keeps its own integer dtype: the kernel reads any width and signedness and adds
 it to ``offsets[dim]`` in 128-bit arithmetic, which is exact for uint64 indices too (a
 conversion to int64 would cost a pass and wrap uint64 values >= 2**63 into range).
@@ -64,8 +66,7 @@ def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad:
             or num.dtype not in (np.int32, np.int64)):
         raise TypeError(f"{prim}: offsets/num_indices must be int32/int64 of the right "
                         "length")
-    if (pad.dtype != src.dtype and pad.dtype != _partition.wire_dtype(src.dtype)) or \
-            not _args.is_int_dtype(index.dtype):
+    if not _wire_pair(src.dtype, pad.dtype) or not _args.is_int_dtype(index.dtype):
         raise TypeError(f"{prim}: bad dtypes src {src.dtype}, pad {pad.dtype}, "
                         f"index {index.dtype}")
     n = index.shape[-1]
@@ -77,6 +78,15 @@ def _gather_abstract_eval(src: Aval, offsets: Aval, index: Aval, num: Aval, pad:
         [ss[-1]] if sshape[-1] == row_len else []])
     return _compat_sharding.typed_result(prim, avals, src, spec, shape=shape, dtype=pad.dtype,
                                 weak_type=bool(src.weak_type))
+
+
+def _wire_pair(src: Any, pad: Any) -> bool:
+    """May a gather read `src` and write `pad`'s dtype? The same dtype, or one the other's
+    wire dtype (_partition.wire_dtype): rows gathered for an integer sum, or from a src
+    that crossed devices as wire values. Bytes are never read as bool."""
+    src, pad = np.dtype(src), np.dtype(pad)
+    return src == pad or _partition.is_wire(pad, src) or (
+        pad != np.bool_ and _partition.is_wire(src, pad))
 
 
 # --- lax implementations --------------------------------------------------------------
@@ -180,7 +190,8 @@ def _gather_lax(src: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
     with their producers and consumers, as for jnp.take. Batch dims stay batch dims
     (operand_batching_dims), as vmap of jnp.take gives, so XLA partitions a sharded batch
     without communication; a src broadcast along a batch dim is read without it.
-    Exact: every value moves through _lowering.exact_view, every float as integers. A src
+    Exact: every value moves through _lowering.exact_view, every float as integers, a
+    packed dtype as its uint8 codes. A src
     sharded along its rows (dims 0..dim) stays so on CPU meshes by the kernels'
     partitioning rule (`partition_lax` below); where XLA partitions this gather itself
     (auto axes on other platforms, the GSPMD partitioner, an exported program), it masks
@@ -190,15 +201,16 @@ def _gather_lax(src: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
                         params=dict(check_bounds=check_bounds, impl=impl))
     valid, row = _rows.rows(offsets, index, num, sshape=src.shape[nbatch:], dim=dim,
                             check_bounds=check_bounds)
-    # Every float as integers: where XLA partitions this gather itself (auto axes on other
-    # platforms, the GSPMD partitioner, an exported program), it masks the rows a device
-    # does not hold and all-reduces with an add, which on integers keeps every bit.
+    # Every float as integers (a packed dtype as uint8 codes): where XLA partitions this
+    # gather itself (auto axes on other platforms, the GSPMD partitioner, an exported
+    # program), it masks the rows a device does not hold and all-reduces with an add,
+    # which on integers keeps every bit.
     out_dtype = pad.dtype
-    pad = _partition.from_wire(pad, src.dtype)  # a wire pad_value: see the module's doc
+    pad = _partition.rewire(pad, src.dtype)  # src or pad_value as wire values: module doc
     sv, pv = (_lowering.exact_view(a, bytes=True, every_float=True) for a in (src, pad))
     g = _lax_take(geo, src, sv, row, nbatch)
     out = _lowering.from_view(_lax_pads(geo, g, valid, pad, pv, row_len, nbatch), src.dtype)
-    return out if out_dtype == src.dtype else _partition.to_wire(out)
+    return _partition.rewire(out, out_dtype)
 
 
 # --- native lowerings -----------------------------------------------------------------
@@ -269,7 +281,9 @@ def _gather_transpose(ct: Tangent, src: Primal, offsets: Primal, index: Primal, 
         valid, _ = _rows.rows(offsets, index, num, sshape=sshape, dim=dim,
                               check_bounds=check_bounds)
         mask = _rows.pad_mask(valid, sshape[-1], row_len, tuple(sshape[dim + 1:-1]))
-        masked = jnp.where(mask, ct, jnp.zeros((), ct.dtype))
+        # Summed as the scatter-add sums (narrow floats in float32), rounded once.
+        masked = jnp.where(mask, ct, jnp.zeros((), ct.dtype)).astype(
+            _rows.acc_dtype(ct.dtype))
         t = jnp.sum(masked, axis=tuple(range(nbatch, ct.ndim)))
         outs[4] = sum_to_shape(t, pad.aval.shape).astype(pad.aval.dtype)
     return outs

@@ -14,6 +14,12 @@ GRAD_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.comple
                np.complex128]
 FLOAT_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
                 np.complex128]
+# The packed dtypes jax holds as arrays at both ends of the window, gathered on every path
+# (always through lax): every one jax has but int1/uint1, which jax cannot move onto a
+# device from numpy, and the 6-bit floats (jax 0.11+), which gather refuses
+# (tests/test_gather.py::test_what_jax_has_of_sub_byte_dtypes pins both).
+SUB_BYTE_DTYPES = [ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.int4, ml_dtypes.uint4,
+                   ml_dtypes.float4_e2m1fn]
 # Every test parametrized over IMPLS runs all three: the kernels, the lax path (what other
 # platforms and fused call sites run) and auto (the default, which picks per call site).
 IMPLS = ["native", "lax", "auto"]
@@ -24,11 +30,27 @@ IMPL_PAIRS = itertools.cycle([(IMPLS[k], IMPLS[(k + 1) % len(IMPLS)])
                               for k in range(len(IMPLS))])
 
 
+def bit_width(dtype):
+    """The bits of one element: fewer than 8 for the packed dtypes (float4_e2m1fn: 4)."""
+    import jax.numpy as jnp
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).bits
+    return 8 * dtype.itemsize
+
+
 def random_values(rng, shape, dtype):
-    """Random bit patterns: NaNs with payloads, signalling NaNs, -0.0, inf, denormals."""
+    """Random bit patterns: NaNs with payloads, signalling NaNs, -0.0, inf, denormals. A
+    packed dtype's codes (each in a byte of its own, as numpy holds them) every one in
+    turn where the shape has room, in random order."""
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if bit_width(dtype) < 8:
+        codes = np.resize(rng.permutation(2 ** bit_width(dtype)), int(np.prod(shape)))
+        return codes.astype(np.uint8).view(dtype).reshape(shape)
     raw = rng.integers(0, 256, size=tuple(shape) + (dtype.itemsize,), dtype=np.uint8)
     return raw.view(dtype).reshape(shape)
 
@@ -156,6 +178,47 @@ def ref_rows(src_shape, offsets, dim, index, check_bounds=True, num_indices=None
     return out
 
 
+def ref_touched(table_shape, offsets, dim, index, grads, num_indices=None):
+    """update_rows' rows and their gradient sums, by a plain loop: (the distinct rows read,
+    as positions, in order of first occurrence; per row the sum of its grads rows, +0.0
+    first, in index order, formed in float32 for 16-bit and 8-bit floats and rounded once,
+    as gather's transpose sums them). Out-of-range rows are no rows, whatever a gather's
+    check_bounds would do with them."""
+    grads = np.asarray(grads)
+    dt = grads.dtype
+    acc = np.float32 if dt.itemsize < 4 else dt
+    last = table_shape[-1]
+    order, sums = [], {}
+    for i, pos in ref_rows(table_shape, offsets, dim, index, True, num_indices):
+        if pos not in sums:
+            order.append(pos)
+            sums[pos] = np.zeros(grads.shape[1:-1] + (last,), acc)
+        sums[pos] = (sums[pos] + grads[i, ..., :last].astype(acc)).astype(acc)
+    return order, {p: v.astype(dt) for p, v in sums.items()}
+
+
+# --- checks run in child processes (tests/*_checks.py), asserted by their parents ------
+
+def recorder(results):
+    """`check(name)` for a child's checks: a decorator that runs the function at once and
+    records under `name` in `results` what it returned, with ok=True, or ok=False and the
+    exception with its traceback; the parent test reads the records and asserts them."""
+    import traceback
+
+    def check(name):
+        def deco(fn):
+            try:
+                rec = fn() or {}
+                rec.setdefault("ok", True)
+            except Exception as e:  # recorded, asserted by the parent
+                rec = {"ok": False,
+                       "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+            results[name] = rec
+            return fn
+        return deco
+    return check
+
+
 # --- the sharding matrix (run by tests/sharding_checks.py in child processes) ---------
 
 # Each check runs under every implementation on each kind of mesh and must give numpy's
@@ -169,6 +232,10 @@ SHARDING_MATRIX = [
     "gather_index_uneven", "grad_gather_index_uneven", "gather_rows_uneven",
     "grad_gather_rows_uneven", "vmap_gather_batch_uneven", "grad_vmap_gather_batch_uneven",
     "select_batch_uneven",
+    # packed dtypes (every code of each of SUB_BYTE_DTYPES; float4's gradient)
+    "subbyte_gather_rows_sharded", "subbyte_gather_index_sharded",
+    "subbyte_vmap_gather_batch_sharded", "subbyte_gather_rows_uneven",
+    "grad_float4_gather_rows_sharded",
 ]
 MESH_KINDS = ["auto", "explicit", "explicit_noset"]  # sharding_checks.KINDS
 

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import sys
-import traceback
 
 import numpy as np
 import jax
@@ -40,6 +39,7 @@ import jax_ext  # noqa: E402  (registers the FFI targets)
 import ml_dtypes  # noqa: E402
 from jax_ext import _compat_sharding  # noqa: E402
 from jax_ext.auto import explain as _explain  # noqa: E402
+from references import SUB_BYTE_DTYPES, random_values, recorder  # noqa: E402
 
 COLL = re.compile(r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                   r"(?:-start)?\(")
@@ -52,16 +52,7 @@ def compiled_info(f, *args):
     return sorted(set(COLL.findall(text))), sorted(set(TARGET.findall(text))), text
 
 
-def check(name):
-    def deco(fn):
-        try:
-            rec = fn() or {}
-            rec.setdefault("ok", True)
-        except Exception as e:  # recorded, asserted by the parent
-            rec = {"ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
-        RESULTS[name] = rec
-        return fn
-    return deco
+check = recorder(RESULTS)
 
 
 def same_bits(got, want):
@@ -529,6 +520,76 @@ MATRIX.update({
     "select_batch_uneven": lambda kind, impl: uneven_case(
         kind, impl, jax_ext.where, [u_c, u_x, u_y], [P("x", None), P("x", None), P()],
         np_where(u_c, u_x, u_y)),
+})
+
+
+# --- packed dtypes: every code of int2, uint2, int4, uint4 and float4_e2m1fn -----------
+# They cross devices as uint8 (jax_ext._partition.wire_dtype): XLA:CPU sums float4 in
+# float16 (-0 comes back +0) and has no all-reduce of 2-bit integers, so a row-sharded
+# jnp.take of either gives other bits or raises.
+p_idx = rng.integers(-2, 66, 24).astype(np.int32)  # some out of range: pad rows
+p_bidx = rng.integers(-1, 26, (8, 5)).astype(np.int32)
+F4 = np.dtype(ml_dtypes.float4_e2m1fn)
+
+
+def packed(kind, impl, case):
+    """case(dtype) -> (f, arg_specs, want, local) for every packed dtype, as one program
+    (one compilation) of them all."""
+    cases = [case(dt) for dt in map(np.dtype, SUB_BYTE_DTYPES)]
+    counts = [len(c[1]) for c in cases]
+
+    def f(*args):
+        outs, k = [], 0
+        for (g, *_), n in zip(cases, counts):
+            outs.append(g(*args[k:k + n]))
+            k += n
+        return tuple(outs)
+    return matrix_case(kind, impl, f, [a for c in cases for a in c[1]],
+                       tuple(c[2] for c in cases), local=cases[0][3])
+
+
+def packed_table(dt, shape, seed):
+    return random_values(np.random.default_rng(seed), shape, dt)
+
+
+def packed_pad(dt):
+    return np.array(3, np.uint8).view(dt)  # code 3: -1 for int2, 1.5 for float4
+
+
+def grad_float4_want(t, idx, ct):
+    """float32 sums of the cotangent rows in index order, rounded once to float4."""
+    want = np.zeros(t.shape, np.float32)
+    for k, i in enumerate(idx):
+        if 0 <= i < t.shape[0]:
+            want[i] += ct[k, :t.shape[1]].astype(np.float32)
+    return want.astype(t.dtype)
+
+
+MATRIX.update({
+    "subbyte_gather_rows_sharded": lambda kind, impl: packed(kind, impl, lambda dt: (
+        lambda s, i: jax_ext.gather(s, [0], 0, i, pad_value=packed_pad(dt)),
+        [(packed_table(dt, (64, 6), 1), P("x", None)), (p_idx, P())],
+        np_gather(packed_table(dt, (64, 6), 1), [0], p_idx, 24, packed_pad(dt), 0, 32),
+        False)),
+    "subbyte_gather_index_sharded": lambda kind, impl: packed(kind, impl, lambda dt: (
+        lambda s, i: jax_ext.gather(s, [1], 0, i, num_indices=20, pad_value=packed_pad(dt)),
+        [(packed_table(dt, (64, 6), 2), P()), (p_idx, P("x"))],
+        np_gather(packed_table(dt, (64, 6), 2), [1], p_idx, 20, packed_pad(dt), 0, 32),
+        True)),
+    "subbyte_vmap_gather_batch_sharded": lambda kind, impl: packed(kind, impl, lambda dt: (
+        vgather, [(packed_table(dt, (8, 24, 8), 3), P("x", None, None)),
+                  (p_bidx, P("x", None))],
+        np_vgather(packed_table(dt, (8, 24, 8), 3), p_bidx), True)),
+    "subbyte_gather_rows_uneven": lambda kind, impl: packed(kind, impl, lambda dt: (
+        uneven(kind, lambda s, i: jax_ext.gather(s, [0], 0, i), [P("x", None), P()]),
+        [(packed_table(dt, (U, 6), 4), P()), (u_rows_idx, P())],
+        np_gather(packed_table(dt, (U, 6), 4), [0], u_rows_idx, len(u_rows_idx),
+                  np.zeros((), dt), 0, 32), False)),
+    "grad_float4_gather_rows_sharded": lambda kind, impl: matrix_case(
+        kind, impl, lambda t, i, c: jax.vjp(lambda t: jax_ext.gather(t, [0], 0, i), t)[1](c)[0],
+        [(packed_table(F4, (64, 6), 5), P("x", None)), (p_idx, P()),
+         (packed_table(F4, (24, 32), 6), P())],
+        grad_float4_want(packed_table(F4, (64, 6), 5), p_idx, packed_table(F4, (24, 32), 6))),
 })
 
 

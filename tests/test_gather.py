@@ -13,7 +13,8 @@ from jax.test_util import check_grads
 
 import jax_ext
 from references import (ALL_DTYPES, GRAD_DTYPES, IMPL_PAIRS, IMPLS, INDEX_DTYPES,
-                        assert_bits_equal, hlo, random_values, ref_gather, ref_rows, row_len)
+                        SUB_BYTE_DTYPES, assert_bits_equal, bit_width, hlo, random_values,
+                        ref_gather, ref_rows, row_len)
 
 def setup_module(module):
     assert jax_ext.native_available(), "the compiled module must be installed (pip install .)"
@@ -177,7 +178,7 @@ def test_align_bytes(align, last):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES + SUB_BYTE_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_bit_exact(dtype):
     rng = np.random.default_rng(4)
     src = random_values(rng, (7, 3, 5), dtype)
@@ -203,6 +204,75 @@ def test_row_copy_sizes_bit_exact(row_bytes, dtype):
     index = np.array([8, 0, 9, -1, 4, 4, 2, 7, 1, 3], np.int32)
     got = check(src, [0], 0, index, pad_value=random_values(rng, (), dtype))
     assert got.shape == (10, last)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", SUB_BYTE_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_sub_byte_every_code_through_the_fusions(dtype):
+    """Every code of a packed dtype keeps its bits through the lax gather's fused ops (the
+    gather, the select of pad rows, the padding columns), with each code as pad_value,
+    eagerly and under jit, on every path; and under vmap, with a pad value and an index
+    per example and with a table per example."""
+    rng = np.random.default_rng(13)
+    codes = 2 ** bit_width(dtype)
+    src = random_values(rng, (9, 2, 5), dtype)  # 90 elements: every code
+    index = np.array([8, 0, -1, 3, 9, 3, 5], np.int32)
+    cases = [dict(num_indices=5), dict(align_bytes=None), dict(check_bounds=False, num_indices=6)]
+    jitted = [jax.jit(functools.partial(
+        lambda s, i, p, kw: jax_ext.gather(s, [0], 0, i, pad_value=p, **kw), kw=kw))
+        for kw in cases]
+    for code in range(codes):
+        pad = np.array(code, np.uint8).view(dtype)
+        for kw, f in zip(cases, jitted):
+            want = check(src, [0], 0, index, pad_value=pad, **kw)  # eager, against numpy
+            assert_bits_equal(both(f, src, index, pad), want)
+    pads = random_values(rng, (codes,), dtype)
+    idx = rng.integers(-2, 11, (codes, 7)).astype(np.int32)
+    per_pad = jax.jit(jax.vmap(lambda i, p: jax_ext.gather(src, [1, 0], 1, i, pad_value=p)))
+    got = both(per_pad, idx, pads)
+    for b in range(codes):
+        assert_bits_equal(got[b], ref_gather(src, [1, 0], 1, idx[b], pad_value=pads[b]))
+    tables = random_values(rng, (3, 9, 2, 5), dtype)
+    per_table = jax.jit(jax.vmap(lambda s: jax_ext.gather(s, [0], 0, index, pad_value=pads[1])))
+    got = both(per_table, tables)
+    for b in range(3):
+        assert_bits_equal(got[b], ref_gather(tables[b], [0], 0, index, pad_value=pads[1]))
+
+
+def test_what_jax_has_of_sub_byte_dtypes():
+    """Every packed dtype jax names is routed to lax (_names.SUB_BYTE), and is gathered in
+    the tests (SUB_BYTE_DTYPES) unless jax holds no arrays of it or gather refuses it:
+    int1/uint1 (jax cannot move a numpy array of either onto a device), and the 6-bit floats
+    (jax 0.11+ holds them, but XLA:CPU aborts on a constant of one, as in jnp.take): on
+    every path, eagerly and under jit, gather raises a TypeError naming the dtype, and
+    where gives numpy's bits (through lax)."""
+    from jax_ext import _names
+    packed = {n for n in dir(ml_dtypes) if hasattr(jnp, n) and isinstance(
+        getattr(ml_dtypes, n), type) and np.dtype(getattr(ml_dtypes, n)).itemsize == 1
+        and bit_width(getattr(ml_dtypes, n)) < 8}
+    tested = {np.dtype(d).name for d in SUB_BYTE_DTYPES}
+    assert packed <= _names.SUB_BYTE and tested <= packed
+    assert packed - tested == {"int1", "uint1", "float6_e2m3fn", "float6_e3m2fn"}
+    for name in sorted(packed - tested):
+        dt = np.dtype(getattr(ml_dtypes, name))
+        host = np.zeros((4, 3), np.uint8).view(dt)
+        try:
+            src = jnp.asarray(host)
+        except Exception as e:  # jax has no arrays of it at this end
+            assert name != "float6_e2m3fn" or jax.__version_info__ < (0, 11), e
+            continue
+        assert name in _names.NOT_GATHERED, name
+        codes = np.arange(12, dtype=np.uint8).reshape(4, 3).view(dt)
+        c = np.arange(12).reshape(4, 3) % 3 == 0
+        for impl in IMPLS:
+            with jax_ext.implementation(impl):
+                for f in (jax_ext.gather, jax.jit(jax_ext.gather, static_argnums=2)):
+                    with pytest.raises(TypeError, match=f"gather: src \\(4, 3\\) has dtype "
+                                       f"{name}, which XLA cannot gather"):
+                        f(src, [0], 0, np.array([1, 2]))
+                for f in (jax_ext.where, jax.jit(jax_ext.where)):
+                    assert_bits_equal(f(c, codes, codes[::-1]), np.where(
+                        c, codes.view(np.uint8), codes[::-1].view(np.uint8)).view(dt))
 
 
 def test_int4_goes_through_lax():
@@ -374,14 +444,57 @@ def test_grad_with_no_rows_is_zeros(impl):
                 np.testing.assert_array_equal(np.asarray(g).view(np.uint32), 0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grad_of_a_sub_byte_float(impl):
+    """float4_e2m1fn: the gradient accumulates in float32 in index order and rounds once,
+    as for float16 and bfloat16 (src's and pad_value's: numpy's exact sums, rounded once,
+    bit for bit, every code in the cotangent); sums past 6 saturate, as jax's conversion
+    and ml_dtypes' do. jnp.take's gradient rounds after every addition: where no row
+    repeats the two are equal (checked); six cotangents of 1 into one row give 6 here,
+    4 there (docs/sharp-bits.md)."""
+    dt = np.dtype(ml_dtypes.float4_e2m1fn)
+    rng = np.random.default_rng(14)
+    src = random_values(rng, (6, 2, 5), dt)
+    index = np.array([1, 1, 4, -2, 9, 0, 1, 5, 4], np.int32)
+    ct = random_values(rng, (9, 2, 32), dt)  # every code
+    zero = np.zeros((), dt)
+
+    def vjp(s, p, c, i=index, num=8):
+        return jax.vjp(lambda s, p: jax_ext.gather(s, [0], 0, i, pad_value=p, num_indices=num),
+                       s, p)[1](c)
+    with jax_ext.implementation(impl):
+        got = [vjp(src, zero, ct), jax.jit(vjp)(src, zero, ct)]
+        ones = jax.jit(lambda s, c: vjp(s, zero, c, np.full(6, 2, np.int32), None))(
+            src, np.ones((6, 2, 32), dt))[0]
+        distinct = np.array([4, 0, 9, 2, -1], np.int32)
+        mine = jax.jit(lambda s, c: vjp(s, zero, c, distinct, None)[0])(src, ct[:5])
+    ws, wp = dense_grads(src, [0], 0, index, ct, num_indices=8)
+    for gs, gp in got:
+        assert_bits_equal(gs, ws.astype(dt))
+        assert_bits_equal(gp, np.asarray(wp).astype(dt))
+    assert np.asarray(ones[2], np.float32).tolist() == [[6.0] * 5] * 2  # 6 x 1, rounded once
+    twin = jax.vjp(lambda s: jnp.take(s, jnp.where(distinct < 0, 6, distinct), axis=0,
+                                      mode="fill", fill_value=0), src)[1](ct[:5, :, :5])[0]
+    assert_bits_equal(mine, twin)
+    assert_bits_equal(mine, dense_grads(src, [0], 0, distinct, ct[:5])[0].astype(dt))
+
+
 def test_integer_src_gets_float0():
     src = jnp.arange(12, dtype=jnp.int32).reshape(4, 3)
+    for s in [src] + [src.astype(dt) for dt in SUB_BYTE_DTYPES
+                      if not jnp.issubdtype(dt, jnp.floating)]:
+        _float0_grads(s)
+
+
+def _float0_grads(src):
     for impl in IMPLS:
         with jax_ext.implementation(impl):
-            _, vjp = jax.vjp(lambda s: jax_ext.gather(s, [0], 0, jnp.array([1, 2])), src)
-            (g,) = vjp(jnp.zeros((2, 8), jax.dtypes.float0))
+            out, vjp = jax.vjp(lambda s: jax_ext.gather(s, [0], 0, jnp.array([1, 2])), src)
+            (g,) = vjp(jnp.zeros(out.shape, jax.dtypes.float0))
             assert g.dtype == jax.dtypes.float0 and g.shape == src.shape
-            g = jax.grad(lambda s, x: jnp.sum(jax_ext.gather(s, [0], 0, jnp.array([1])) * x),
+            g = jax.grad(lambda s, x: jnp.sum(jax_ext.gather(s, [0], 0, jnp.array([1]))
+                                              .astype(jnp.float32) * x),
                          argnums=(0, 1), allow_int=True)(src, 2.0)
             assert g[0].dtype == jax.dtypes.float0
 
@@ -566,7 +679,7 @@ def gather_case(draw):
     shape = tuple(draw(st.integers(0 if r == 0 else 1, 4)) for r in range(rank))
     dim = draw(st.integers(0, rank - 2))
     dtype = draw(st.sampled_from([np.int8, np.float16, ml_dtypes.bfloat16, np.float32,
-                                  np.complex64, np.uint64, np.bool_]))
+                                  np.complex64, np.uint64, np.bool_] + SUB_BYTE_DTYPES))
     idt = draw(st.sampled_from(INDEX_DTYPES))
     info = np.iinfo(idt)
     n = draw(st.integers(0, 6))
