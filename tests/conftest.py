@@ -76,6 +76,10 @@ def pytest_sessionstart(session):
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="run the big-buffer tests (> 2^31 bytes, several GiB of memory)")
+    parser.addoption("--without-impl", action="append", default=[],
+                     choices=["native", "lax", "auto"],
+                     help="deselect the tests parametrized with this implementation "
+                          "(.ci/sanitize.sh: the lax path never reaches native code)")
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -84,21 +88,38 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
-def _group_by_module_fixture(items):
-    """A module-scoped fixture here runs a child process (a sharding or device matrix):
-    the tests that read one share an xdist group, so that it runs once, on one worker.
-    (A test that takes its fixture by request.getfixturevalue names the group itself.)"""
-    import pytest
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = sorted(f"{item.module.__name__}.{name}" for name in item.fixturenames
-                        if not name.startswith("_xunit")  # setup_module(): cheap
-                        and (defs := info.name2fixturedefs.get(name))
-                        and defs[-1].scope == "module")
-        if shared:
-            item.add_marker(pytest.mark.xdist_group("+".join(shared)))
+def _module_fixture_marker(fixturedef, request):
+    """The file that says a module-scoped fixture of this run has been set up: one per
+    run (xdist's workers share the run's id), or None outside a module fixture."""
+    if fixturedef.scope != "module" or fixturedef.argname.startswith("_xunit"):
+        return None  # setup_module() is cheap; only the child-process fixtures matter
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None  # one process: pytest itself sets each module fixture up once
+    folder = os.path.join(tempfile.gettempdir(), f"jax_ext_fixtures_{run}")
+    os.makedirs(folder, exist_ok=True)
+    param = getattr(request, "param_index", 0)
+    return os.path.join(folder, f"{request.module.__name__}.{fixturedef.argname}.{param}")
+
+
+def pytest_fixture_setup(fixturedef, request):
+    """A module-scoped fixture here runs a child process (a sharding or device matrix, up
+    to minutes). pyproject.toml's `--dist loadfile` keeps a module's tests on one worker,
+    so each runs once per run; were the suite's distribution ever to split a module (a
+    pytest or pytest-xdist release that changes how work is handed out), this fails the
+    second setup instead of quietly paying for the child twice."""
+    marker = _module_fixture_marker(fixturedef, request)
+    if marker is None:
+        return None
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        raise RuntimeError(
+            f"the module fixture {os.path.basename(marker)} was set up on a second xdist "
+            "worker in one run: the tests of one module must stay on one worker "
+            "(pyproject.toml's --dist loadfile)") from None
+    os.close(fd)
+    return None
 
 
 def _only_the_gpu_subset_off_the_cpu(items):
@@ -116,9 +137,25 @@ def _only_the_gpu_subset_off_the_cpu(items):
             item.add_marker(skip)
 
 
+def _without_impls(config, items):
+    """--without-impl lax: the tests whose `impl` parameter is lax are deselected (the
+    sanitized leg runs what reaches the native module; the lax path has no native code)."""
+    drop = set(config.getoption("--without-impl"))
+    if not drop:
+        return
+    keep, gone = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        impl = spec.params.get("impl") if spec is not None else None
+        (gone if impl in drop else keep).append(item)
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
-    _group_by_module_fixture(items)
+    _without_impls(config, items)
     _only_the_gpu_subset_off_the_cpu(items)
     if config.getoption("--run-slow"):
         return

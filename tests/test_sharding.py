@@ -133,11 +133,10 @@ MATRIX_FIXTURES = {(4, "x64"): "results", (8, "x64"): "results8",
                    (4, "nox64"): "results4_nox64", (8, "nox64"): "results8_nox64"}
 
 
-# Each (devices, x64) pair reads one child process's results: its tests share a worker
-# under pytest-xdist (tests/conftest.py), so that the child runs once.
-@pytest.mark.parametrize("ndev,x64", [
-    pytest.param(n, x, id=f"{n}-{x}", marks=pytest.mark.xdist_group(f"test_sharding.{f}"))
-    for (n, x), f in MATRIX_FIXTURES.items()])
+# Each (devices, x64) pair reads one child process's results; the module's tests share a
+# worker under pytest-xdist (pyproject.toml's --dist loadfile), so that each child runs once.
+@pytest.mark.parametrize("ndev,x64", [pytest.param(n, x, id=f"{n}-{x}")
+                                      for (n, x) in MATRIX_FIXTURES])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("check", MATRIX)
