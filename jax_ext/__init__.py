@@ -4,7 +4,9 @@
   in place for a donated ``then``);
 * :func:`where`: ONNX Where-16, TF SelectV2, ``numpy.where``;
 * :func:`where3`: TensorFlow Where3 (scalar, element-wise or row condition);
-* :func:`gather`: Ascend ``asctile.gather`` (padded rows of a tensor).
+* :func:`gather`: Ascend ``asctile.gather`` (padded rows of a tensor);
+* :func:`update_rows`: an optimizer step on the rows a gather read (training an embedding
+  table at the cost of the rows it touches).
 
 Each is a JAX primitive that works under ``jit``, ``grad``, ``vmap``, ``checkpoint``,
 ``scan`` and ``cond``, and is bit-exact on every path. On CPU a call runs as a C++ XLA FFI
@@ -22,12 +24,13 @@ from .auto.tuning import Report as TuningReport, tune, tuning
 from ._names import TARGETS as _TARGETS
 from ._native import native_available, native_error
 from ._select import select, where, where3
+from ._update_rows import update_rows
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from jax.export import DisabledSafetyCheck
 
-__all__ = ["select", "where", "where3", "gather", "native_available", "native_error",
+__all__ = ["select", "where", "where3", "gather", "update_rows", "native_available", "native_error",
            "implementation", "explain", "Decision", "tune", "tuning", "TuningReport",
            "export_checks"]
 

@@ -201,12 +201,14 @@ if TYPE_CHECKING:
                                         ) -> Any: ...
 
     def PartitionSpec(*partitions: SpecEntry) -> jax.sharding.PartitionSpec: ...
+    def ShapeDtypeStruct(shape: Any, dtype: Any) -> jax.ShapeDtypeStruct: ...
     def is_undefined_primal(x: object) -> TypeIs[ad.UndefinedPrimal]: ...
     def apply_primitive(prim: Primitive, *args: Any, **params: Any) -> Any: ...
     def reshard(x: jax.Array, sharding: jax.sharding.NamedSharding) -> jax.Array: ...
 else:
     from jax.extend.core import Primitive as Primitive  # noqa: E402
     from jax.sharding import PartitionSpec as PartitionSpec  # noqa: E402
+    ShapeDtypeStruct = jax.ShapeDtypeStruct
     is_undefined_primal = ad.is_undefined_primal
     apply_primitive = xla.apply_primitive
     reshard = jax.sharding.reshard
@@ -226,8 +228,9 @@ SpecEntry = str | tuple[str, ...] | None
 Tangent = Any
 # A transpose rule's operand: an array, or UndefinedPrimal for an input it is linear in.
 Primal = jax.Array | ad.UndefinedPrimal
-# A batching rule: rule(axis_size, args, dims, **params) -> (out, out_dim).
-BatchRule = Callable[..., tuple[Any, int | None]]
+# A batching rule: rule(axis_size, args, dims, **params) -> (out, out_dim), or for a
+# primitive of several results (outs, out_dims).
+BatchRule = Callable[..., tuple[Any, Any]]
 
 
 def instantiate_tangent(t: Tangent, primal: Any) -> Tangent:
@@ -252,11 +255,12 @@ def convert_element_type(x: jax.Array, dtype: np.dtype[Any], *, weak_type: bool)
 def register_batcher(prim: Primitive, rule: BatchRule) -> None:
     """rule(axis_size, args, dims, **params) -> (out, out_dim)."""
     def batcher(axis_data: Any, args: Sequence[Any], bdims: Sequence[int | None],
-                **params: Any) -> tuple[Any, int | None]:
+                **params: Any) -> tuple[Any, Any]:
         # jax calls the batcher even when no operand is batched (e.g. the primal half of
         # a JVP under vmap); the result must then stay unbatched.
         if all(d is None for d in bdims):
-            return prim.bind(*args, **params), None
+            out: Any = prim.bind(*args, **params)
+            return out, ([None] * len(out) if prim.multiple_results else None)
         return rule(axis_data.size, args, bdims, **params)
 
     batching.fancy_primitive_batchers[prim] = batcher

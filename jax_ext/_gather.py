@@ -48,14 +48,16 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
 
     Gradients: ``src`` gets a scatter-add of the cotangent rows (duplicates accumulate in
     index order, deterministically; padded rows and columns contribute nothing;
-    float16/bfloat16 accumulate in float32 and round once). ``pad_value`` gets the sum of
-    the cotangent over every padded position; ``offsets``, ``index`` and ``num_indices``
-    get none. ``vmap`` over any operand is one call with a batch dimension. The
+    floats narrower than float32 accumulate in float32 and round once). ``pad_value`` gets
+    the sum of the cotangent over every padded position (summed so too); ``offsets``,
+    ``index`` and ``num_indices`` get none. ``vmap`` over any operand is one call with a
+    batch dimension. The
     documentation's "Sharp bits" page lists the decisions taken where the contract is
     silent.
 
     Args:
-        src: the array to gather from, of rank >= 2 and any JAX dtype, or a typed PRNG key
+        src: the array to gather from, of rank >= 2 and any JAX dtype but the 6-bit
+            floats (``TypeError``: XLA cannot gather them on CPU), or a typed PRNG key
             array (gathered key by key: ``align_bytes`` counts whole keys, padded positions
             hold the all-zero key, and ``pad_value`` must be ``None``).
         offsets: ``dim + 1`` integers (Python ints or integer scalar arrays, traced
@@ -87,9 +89,9 @@ def gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
 
     Raises:
         TypeError: ``src``, ``index`` or an offset is not an array of integers where one is
-            needed (``index`` of a float or bool dtype, ``dim`` not an int, a
-            ``pad_value`` that would promote ``src.dtype``, a traced ``check_bounds``, an
-            operand that is not an array or a scalar).
+            needed (``index`` of a float or bool dtype, ``dim`` not an int, a 6-bit float
+            ``src``, a ``pad_value`` that would promote ``src.dtype``, a traced
+            ``check_bounds``, an operand that is not an array or a scalar).
         ValueError: ``dim`` out of range; ``offsets`` of the wrong length; ``index`` not of
             rank 1, or (x64 off) a numpy ``index`` holding values that do not fit int32;
             a static (Python or numpy) ``num_indices`` outside ``[0, n]``; a ``pad_value``
@@ -191,6 +193,7 @@ def _gather(src: ArrayLike, offsets: Sequence[ArrayLike] | ArrayLike, dim: int,
                             align_bytes=align_bytes)
     # Each argument checked and made an operand, in the order their errors are reported.
     src = as_array(src, "src must be an array", fn)
+    _args.check_src_dtype(src, fn)
     dim = _args.checked_dim(src, dim, fn)
     offsets_arr = _args.offsets_operand(offsets, dim, fn)
     index = _args.index_operand(index, fn)

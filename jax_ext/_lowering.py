@@ -37,11 +37,10 @@ def native_dtype_ok(dtype: DTypeLike, spec: _names.OpSpec | None = None) -> bool
     return name not in SUB_BYTE and (spec is None or spec.native_dtype(name))
 
 
-def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
-             aliases: dict[int, int] | None = None, **attrs: object) -> IrValues:
-    """Lower to the FFI custom call `target`. Attributes are normalized here: the C++
-    decoders are strict (an int64 array must arrive as i64), so every integer sequence
-    becomes an int64 array, every int an int64 and every bool a bool."""
+def _typed_attrs(attrs: Mapping[str, object]) -> dict[str, Any]:
+    """Attributes as the C++ decoders take them: they are strict (an int64 array must
+    arrive as i64), so every integer sequence becomes an int64 array, every int an int64
+    and every bool a bool."""
     typed: dict[str, np.generic | np.ndarray[Any, np.dtype[Any]]] = {}
     for k, v in attrs.items():
         if isinstance(v, (bool, np.bool_)):
@@ -52,8 +51,29 @@ def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
             typed[k] = np.asarray(v, dtype=np.int64).reshape(-1)
         else:
             raise TypeError(f"unsupported attribute {k}={v!r}")
+    return typed
+
+
+def ffi_call(ctx: Ctx, target: str, operands: Sequence[ir.Value[Any]], *,
+             aliases: dict[int, int] | None = None, **attrs: object) -> IrValues:
+    """Lower to the FFI custom call `target` (attributes normalized: _typed_attrs)."""
     rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None)
-    return rule(ctx, *operands, **typed)
+    return rule(ctx, *operands, **_typed_attrs(attrs))
+
+
+def ffi_function(target: str, results: Sequence[jax.ShapeDtypeStruct], *,
+                 aliases: dict[int, int] | None = None,
+                 **attrs: object) -> Callable[..., Sequence[jax.Array]]:
+    """The FFI target `target` as a jax function of its operands, with `results`, for a
+    lowering that runs kernels between jax ops (update_rows: two kernels around the
+    optimizer's arithmetic). Attributes normalized as for ffi_call."""
+    call = jax.ffi.ffi_call(target, list(results), input_output_aliases=aliases or None)
+    typed = _typed_attrs(attrs)
+
+    def fn(*operands: jax.Array) -> Sequence[jax.Array]:
+        out: Sequence[jax.Array] = call(*operands, **typed)
+        return out
+    return fn
 
 
 def register(prim: _compat.Primitive, names: _names.OpSpec, lax_impl: Callable[..., Any],
@@ -271,9 +291,12 @@ def exact_view(x: jax.Array, bytes: bool = False, every_float: bool = False) -> 
     """`x`, or its bits as unsigned integers where XLA:CPU would rewrite them: with
     `bytes`, uint8 with a trailing dim of the itemsize for BYTE_VIEW dtypes; otherwise
     (and for the other dtypes) a same-width uint. `every_float`: every floating dtype as
-    a uint of its width (a value XLA's partitioner may sum across devices: as integers,
-    one device's bits plus zeros are those bits)."""
+    a uint of its width, and a packed dtype as its uint8 wire codes (a value XLA's
+    partitioner may sum across devices: as integers, one device's bits plus zeros are
+    those bits; XLA:CPU has no such sum of 2-bit integers and adds float4 in float16)."""
     dt = np.dtype(x.dtype)
+    if every_float and dt.name in SUB_BYTE:
+        return _partition.to_wire(x)
     if every_float and dt.name not in XLA_INEXACT and jnp.issubdtype(dt, jnp.floating):
         return lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dt.itemsize}"))
     if bytes and dt.name in BYTE_VIEW:
@@ -306,6 +329,8 @@ def from_view(v: jax.Array, dtype: DTypeLike) -> jax.Array:
     dt = np.dtype(dtype)
     if v.dtype == dt:
         return v
+    if dt.name in SUB_BYTE:  # wire codes
+        return _partition.from_wire(v, dt)
     if v.dtype == np.uint8 and dt.itemsize > 1:  # a byte view: rejoin by shifts
         wide = np.dtype(f"uint{8 * dt.itemsize}")
         u = functools.reduce(lax.bitwise_or, [

@@ -16,9 +16,15 @@ IMPLEMENTATIONS: tuple[ImplementationName, ...] = ("auto", "native", "lax")
 IMPL_ENV = "JAX_EXT_IMPL"
 
 
-# Dtypes narrower than a byte, packed in XLA buffers: no kernel takes them, and they
-# cross devices as they are (no same-width unsigned view exists).
-SUB_BYTE = frozenset({"int1", "uint1", "int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
+# Dtypes narrower than a byte, packed in XLA buffers: no kernel takes them (XLA's FFI
+# names all but the 6-bit floats, which it cannot describe at all), and they cross devices
+# as uint8 (_partition.wire_dtype).
+SUB_BYTE = frozenset({"int1", "uint1", "int2", "uint2", "int4", "uint4", "float4_e2m1fn",
+                      "float6_e2m3fn", "float6_e3m2fn"})
+# Dtypes jax has as arrays (the 6-bit floats, from jax 0.11) that XLA:CPU cannot gather: it
+# aborts the process on a constant of one (jnp.take's fill value is one) and fails to
+# compile some fusions of them. gather refuses them with a TypeError instead.
+NOT_GATHERED = frozenset({"float6_e2m3fn", "float6_e3m2fn"})
 
 
 # How a kernel walks its operands, which sets what counts against its rank limit
@@ -40,7 +46,8 @@ class OpSpec:
         operands: the primitive's operands, in order (messages and explain name them so).
         targets: every FFI target name released for it, oldest first. A released target
             keeps its operands and attributes forever (exported programs name it); a
-            change gets a new name. The lowering emits the last.
+            change gets a new name. The lowering emits the last (update_rows, whose step
+            runs two kernels, emits both: UPDATE_ROWS_READ and UPDATE_ROWS_WRITE).
         front_end: the Python module with its public front-end(s), or None where the
             primitive is bound by another op's rules only (the scatter-add).
         rules: the Python module with the primitive's rules (abstract evaluation,
@@ -95,7 +102,7 @@ GATHER = OpSpec("gather", "jax_ext_gather",
                 front_end="jax_ext._gather", rules="jax_ext._gather_rules",
                 source="gather.cc", walk="batched",
                 fused_operands=("src",))
-# The scatter-add adds: its dtypes are the cases of DispatchAccumulate in scatter_add.cc
+# The scatter-add adds: its dtypes are the cases of DispatchAccumulate in accumulate.h
 # (tests/test_tables.py ties the two).
 SCATTER_ADD = OpSpec("scatter_add", "jax_ext_scatter_add",
                      ("cotangent", "offsets", "index", "num_indices"),
@@ -107,7 +114,20 @@ SCATTER_ADD = OpSpec("scatter_add", "jax_ext_scatter_add",
                          "float32", "float64", "complex64", "complex128", "float16",
                          "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
                          "uint32", "uint64"}))
-OPS: tuple[OpSpec, ...] = (SELECT, GATHER, SCATTER_ADD)
+# update_rows: a training step on the rows a gather read. Two kernels run around the
+# optimizer's arithmetic, which stays XLA code: the read (distinct rows, gradient sums,
+# the rows of the table and its state) and the write (the new rows, in place). Its table
+# computes (the gradient sums): floating dtypes the scatter-add adds natively.
+UPDATE_ROWS_READ = "jax_ext_update_rows_read_v1"
+UPDATE_ROWS_WRITE = "jax_ext_update_rows_write_v1"
+UPDATE_ROWS = OpSpec("update_rows", "jax_ext_update_rows",
+                     ("table", "offsets", "index", "num_indices", "grads"),
+                     (UPDATE_ROWS_READ, UPDATE_ROWS_WRITE),
+                     front_end="jax_ext._update_rows", rules="jax_ext._update_rows_rules",
+                     source="update_rows.cc", walk="batched",
+                     fused_operands=(), lax_fuses=False,
+                     native_dtypes=frozenset({"float32", "float64", "float16", "bfloat16"}))
+OPS: tuple[OpSpec, ...] = (SELECT, GATHER, SCATTER_ADD, UPDATE_ROWS)
 
 # One shard's computation of a partitioned call (_lowering: lowered by jax_ext itself).
 SHARD_LOCAL = "jax_ext_shard_local"

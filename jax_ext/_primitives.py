@@ -8,3 +8,5 @@ from . import _compat, _names
 select_p = _compat.Primitive(_names.SELECT.primitive)
 gather_p = _compat.Primitive(_names.GATHER.primitive)
 scatter_add_p = _compat.Primitive(_names.SCATTER_ADD.primitive)
+update_rows_p = _compat.Primitive(_names.UPDATE_ROWS.primitive)
+update_rows_p.multiple_results = True  # the table, then each leaf of its state

@@ -107,6 +107,17 @@ def rows(offsets: jax.Array, index: jax.Array, num: jax.Array, *, sshape: Sequen
     return valid, row.astype(row_dtype(sshape[:dim + 1], wide))
 
 
+def acc_dtype(dt: Any) -> np.dtype[Any]:
+    """The dtype row sums are formed in, by gather's transpose and update_rows (as the
+    kernels' DispatchAccumulate in accumulate.h; tests/test_tables.py ties the two):
+    float16, bfloat16, the 8-bit and 4-bit floats in float32, rounded once; others as they
+    are."""
+    d: np.dtype[Any] = np.dtype(dt)
+    if jnp.issubdtype(d, jnp.floating) and d.itemsize < 4:
+        return np.dtype(np.float32)
+    return d
+
+
 def row_dtype(dims: Sequence[int], carrier: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype the lax paths hand XLA their row ids in: int32 when the flat row count
     (one past the largest id, which the scatter-add uses for pad rows) fits it, as jnp

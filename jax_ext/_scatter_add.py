@@ -22,7 +22,6 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.typing import DTypeLike
 
 from . import _compat, _compat_sharding, _lowering, _names, _partition, _rows
 from ._compat import Aval, PartitionSpec, Primal, SpecEntry, Tangent, ir
@@ -55,19 +54,10 @@ def _scatter_abstract_eval(ct: Aval, offsets: Aval, index: Aval, num: Aval, *, d
                                 weak_type=bool(ct.weak_type))
 
 
-def _acc_dtype(dt: DTypeLike) -> np.dtype[Any]:
-    """The dtype the sums are formed in (as the kernel's DispatchAccumulate in
-    scatter_add.cc; tests/test_tables.py ties the two)."""
-    dt = np.dtype(dt)
-    if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
-        return np.dtype(np.float32)  # float16/bfloat16/float8 accumulate in float32
-    return dt
-
-
 def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.Array, *,
                  dim: int, src_shape: Sequence[int], out_bshape: Sequence[int],
                  check_bounds: bool, nbatch: int, impl: str, wire_of: str | None) -> jax.Array:
-    """One lax.scatter_add of whole rows into zeros, accumulated in _acc_dtype. A batch dim
+    """One lax.scatter_add of whole rows into zeros, accumulated in _rows.acc_dtype. A batch dim
     the result keeps stays a batch dim (operand_batching_dims), as vmap of jnp's .at[].add
     gives, so XLA partitions a sharded batch without communication; one the result sums
     over (out_bshape 1) is scattered like the index dim. Pad rows point past the end and
@@ -83,7 +73,7 @@ def _scatter_lax(ct: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
     mid = tuple(src_shape[dim + 1:-1])
     last = src_shape[-1]
     rows = math.prod(src_shape[:dim + 1])
-    acc = _acc_dtype(ct.dtype)
+    acc = _rows.acc_dtype(ct.dtype)
     sharding = _lowering.explicit_sharding(aval)
     o = _compat_sharding.spec_entries(aval)
     c = _compat_sharding.spec_entries(jax.typeof(ct))

@@ -115,6 +115,51 @@ def row_sharded(sc, impl):
     return {"collectives": len(colls)}
 
 
+def update_rows_step(sc, impl):
+    """update_rows on a table and an adagrad state sharded along their rows over both
+    processes' devices, the index and gradient rows sharded along the batch (ids repeated
+    across processes' blocks): each process holds its devices' rows of the table and the
+    state, with one device's bits, and no collective carries the table or a float."""
+    import jax_ext
+    import optax
+    rng = np.random.default_rng(6)
+    mesh = sc.MESHES["auto"]
+    R, C, N = 2048, 32, 64
+    t = rng.standard_normal((R, C)).astype(np.float32)
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    idx[N - 8:] = idx[:8]  # the same rows in the first and the last device's blocks
+    w = rng.standard_normal((N, C)).astype(np.float32)
+    opt = optax.adagrad(0.1)
+
+    def step(t, s, i, w):
+        rows = jax_ext.gather(t, [0], 0, i)
+        g = jax.grad(lambda r: jnp.sum(r * w) + jnp.sum(r * r))(rows)
+        return jax_ext.update_rows(opt, t, s, [0], 0, i, g)
+    local = jax.local_devices()[0]
+    rows_spec = NamedSharding(mesh, P("x", None))
+    with jax_ext.implementation(impl):
+        want = jax.jit(step)(*(jax.device_put(a, local) for a in (t, opt.init(t), idx, w)))
+        args = (sc.global_array(t, rows_spec),
+                jax.tree.map(lambda a: sc.global_array(np.asarray(a), rows_spec if a.ndim == 2
+                                                       else NamedSharding(mesh, P())),
+                             opt.init(t)),
+                sc.global_array(idx, NamedSharding(mesh, P("x"))),
+                sc.global_array(w, rows_spec))
+        f = jax.jit(step, donate_argnums=(0, 1))
+        text = f.lower(*args).compile().as_text()
+        out = f(*args)
+    for got, ref in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
+        ref = np.asarray(ref)
+        if got.ndim == 2:
+            assert tuple(got.sharding.spec)[:1] == ("x",), got.sharding.spec
+        for s in got.addressable_shards:
+            sc.same_bits(np.asarray(s.data), ref[s.index] if ref.ndim else ref)
+    colls = [ln for ln in text.splitlines() if sc.COLL.search(ln)]
+    assert not [ln for ln in colls if f"[{R},{C}]" in ln], colls  # never the table
+    assert not [ln for ln in colls if " f32[" in ln or " bf16[" in ln], colls
+    return {"collectives": len(colls)}
+
+
 if __name__ == "__main__":
     # "rows": only the row-sharded table, on however many devices each process has
     port, pid, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -136,6 +181,7 @@ if __name__ == "__main__":
         if not rows_only:
             sc.check(f"shard_map_training_step[{impl}]")(lambda: training_step(sc, impl))
         sc.check(f"row_sharded_table[{impl}]")(lambda: row_sharded(sc, impl))
+        sc.check(f"update_rows[{impl}]")(lambda: update_rows_step(sc, impl))
     with open(os.path.join(outdir, f"process{pid}.json"), "w") as f:
         json.dump(sc.RESULTS, f, indent=1)
     jax.distributed.shutdown()

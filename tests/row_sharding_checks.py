@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-import traceback
 
 import numpy as np
 import jax
@@ -25,6 +24,7 @@ jax.config.update("jax_enable_x64", X64)
 
 import jax_ext  # noqa: E402
 import ml_dtypes  # noqa: E402
+from references import SUB_BYTE_DTYPES, bit_width, random_values, recorder  # noqa: E402
 
 IMPLS = ("native", "lax", "auto")
 COLL = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-gather|all-reduce|all-to-all|"
@@ -41,16 +41,7 @@ BF16, E5M2 = np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e5m2)
 DEFAULT_INT = np.int64 if X64 else np.int32
 
 
-def check(name):
-    def deco(fn):
-        try:
-            rec = fn() or {}
-            rec.setdefault("ok", True)
-        except Exception as e:  # recorded, asserted by the parent
-            rec = {"ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
-        RESULTS[name] = rec
-        return fn
-    return deco
+check = recorder(RESULTS)
 
 
 def collectives(text):
@@ -81,10 +72,13 @@ def compiled(f, *args):
 
 
 def bits(dtype, shape):
-    """Random bit patterns of `dtype` (NaN payloads, signalling NaNs, -0.0, denormals)."""
+    """Random bit patterns of `dtype` (NaN payloads, signalling NaNs, -0.0, denormals;
+    every code of a packed dtype)."""
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return rng.random(shape) > 0.5
+    if bit_width(dtype) < 8:
+        return random_values(rng, shape, dtype)
     u = np.dtype(f"uint{8 * dtype.itemsize}")
     return rng.integers(0, np.iinfo(u).max, shape, dtype=u, endpoint=True).view(dtype)
 
@@ -143,10 +137,22 @@ def rows_case(impl, f, args, want, *, mesh=MESH):
 R, C, N = 4096, 64, 256
 PAD = {np.dtype(np.float32): np.uint32(0x7FC00123).view(np.float32),
        BF16: np.uint16(0x7F85).view(BF16), E5M2: np.uint8(0xFD).view(E5M2)}
+# The packed dtypes: every code in each table; code 3 pads (-1 for int2, 1.5 for float4).
+PACKED = [np.dtype(d) for d in SUB_BYTE_DTYPES]
+PAD.update({dt: np.uint8(3).view(dt) for dt in PACKED})
+
+
+def unsigned(x):
+    """The bits of `x` as unsigned integers, inside the program (a packed dtype's codes as
+    uint8): what leaves it is then no float that XLA's own reshard after the call moves."""
+    if bit_width(x.dtype) < 8:
+        u = np.dtype(getattr(jnp, f"uint{bit_width(x.dtype)}"))
+        return jax.lax.convert_element_type(jax.lax.bitcast_convert_type(x, u), np.uint8)
+    return jax.lax.bitcast_convert_type(x, np.dtype(f"uint{8 * x.dtype.itemsize}"))
 
 
 def forward_checks():
-    for dt in (np.dtype(np.float32), BF16, E5M2):
+    for dt in [np.dtype(np.float32), BF16, E5M2] + PACKED:
         for rows, n, ispec in ((R, N, P("x")), (R, N, P()), (R - 5, N - 6, P("x"))):
             table = bits(dt, (R, C - 2))  # C - 2 columns: padding columns too
             idx = rng.integers(-3, rows + 3, N).astype(np.int32)
@@ -160,10 +166,8 @@ def forward_checks():
                 # that reshard, after jax_ext's call, is XLA's: a bfloat16 all-gather
                 # there rewrites NaN payloads as for any program. So the bits are read
                 # inside the program, as unsigned integers.
-                u = np.dtype(f"uint{8 * dt.itemsize}")
-                f = sliced(lambda t, i, f=f: jax.lax.bitcast_convert_type(f(t, i), u),
-                           (rows, n), (P("x", None), ispec))
-                want = want.view(u)
+                f = sliced(lambda t, i, f=f: unsigned(f(t, i)), (rows, n), (P("x", None), ispec))
+                want = want.view(np.uint8 if dt in PACKED else f"uint{8 * dt.itemsize}")
             for impl in IMPLS:
                 tag = f"{dt.name},{rows}x{n},{'index sharded' if ispec else 'index replicated'}"
 
@@ -183,6 +187,21 @@ def forward_checks():
                             table[idx])
             rec.update(table=table.nbytes, result=table.nbytes, ndev=8)
             return rec
+
+        @check(f"copied_dtypes[{impl}]")
+        def _():
+            # the gathered table's wire values read, the rows written in its dtype
+            colls, how = [], []
+            for dt in map(np.dtype, [BF16, E5M2, np.bool_, np.int8, np.float16]
+                          + ([np.float64] if X64 else [])):
+                t, z = bits(dt, (R, C)), np.zeros((), dt)
+                args = (put(t, MESH, P("x", None)), put(idx, MESH, P()))
+                f = lambda t, i, z=z: jax_ext.gather(t, [0], 0, i, pad_value=z)
+                with jax_ext.implementation(impl):
+                    colls += compiled(f, *args)["collectives"]
+                    how += reasons(f, *args)
+                    same_bits(jax.jit(f)(*args), t[idx])
+            return {"collectives": colls, "explain": how}
 
 
 def explicit_checks():
@@ -399,7 +418,8 @@ def reshard_checks():
     # a where with its operands and result sharded differently, and a row-sharded gather
     # whose result is resharded, keep random bits.
     others = [np.float16, np.float32, np.int8, np.int32, np.uint16, np.bool_,
-              ml_dtypes.float8_e4m3fn] + ([np.float64, np.int64] if X64 else [])
+              ml_dtypes.float8_e4m3fn] + ([np.float64, np.int64] if X64 else []) + \
+        SUB_BYTE_DTYPES
     for dt in map(np.dtype, others):
         c = rng.random(shape) > 0.5
         x, y, t = bits(dt, shape), bits(dt, shape), bits(dt, (512, 32))
@@ -422,6 +442,69 @@ def reshard_checks():
                         colls += collectives(jf.lower(*args).compile().as_text())
                         same_bits(jf(*args), want)
                 return {"collectives": colls}
+
+
+# --- packed dtypes: float4's gradient and exports (their forward: forward_checks) ------
+
+def subbyte_checks():
+    """float4_e2m1fn's gradient of a table sharded along its rows: float32 sums of the
+    cotangent rows in index order, rounded once; the cotangent crosses devices as uint8
+    codes (XLA:CPU sums float4 in float16, where -0 comes back +0)."""
+    f4 = np.dtype(ml_dtypes.float4_e2m1fn)
+    t, ct = bits(f4, (R, C)), bits(f4, (N, C))
+    idx = rng.integers(-3, R + 3, N).astype(np.int32)
+    idx[: N // 4] = idx[N // 4: N // 2]  # repeated rows accumulate
+    want = np.zeros((R, C), np.float32)
+    for k, i in enumerate(idx):
+        if 0 <= i < R:
+            want[i] += ct[k].astype(np.float32)
+    want = want.astype(f4)  # float32 sums in index order, rounded once
+    grad = lambda t, i, c: jax.vjp(lambda t: jax_ext.gather(t, [0], 0, i), t)[1](c)[0]  # noqa: E731
+    for impl in IMPLS:
+        @check(f"subbyte_grad[float4_e2m1fn,{impl}]")
+        def _():
+            args = (put(t, MESH, P("x", None)), put(idx, MESH, P("x")), put(ct, MESH, P("x")))
+            rec = rows_case(impl, grad, args, want)
+            rec.update(table=t.nbytes, result=ct.nbytes, ndev=8)
+            return rec
+
+
+def subbyte_export_checks():
+    """A row-sharded gather of each packed dtype exported on both kinds of mesh axes:
+    deserialized, it gives the direct jit's bits and sharding. jax serializes no 2-bit
+    type (int2, uint2): there, its serialization raises as for jnp.take's program."""
+    for dt in map(np.dtype, SUB_BYTE_DTYPES):
+        t = bits(dt, (R, C))
+        idx = rng.integers(-3, R + 3, N).astype(np.int32)
+        for kind, mesh in (("auto", MESH), ("explicit", EMESH)):
+            for impl in IMPLS:
+                @check(f"subbyte_export[{dt.name},{kind},{impl}]")
+                def _():
+                    args = (put(t, mesh, P("x", None)), put(idx, mesh, P("x")))
+                    jf = jax.jit(lambda t, i: jax_ext.gather(t, [0], 0, i))
+                    with jax_ext.implementation(impl):
+                        want = jf(*args)
+                        exp = jax.export.export(jf, disabled_checks=jax_ext.export_checks())(
+                            *args)
+                    same_bits(want, np_gather(t, idx, N, np.zeros((), dt), C))
+                    if bit_width(dt) == 2:
+                        twin = jax.export.export(jax.jit(lambda t: jnp.take(t, idx, axis=0)))(
+                            t)
+                        for e in (exp, twin):
+                            try:
+                                e.serialize()
+                            except KeyError as err:
+                                assert dt.name in str(err), err
+                            else:
+                                raise AssertionError(f"{dt.name} serialized")
+                        got = exp.call(*args)
+                    else:
+                        got = jax.export.deserialize(exp.serialize()).call(*args)
+                    same_bits(got, want)
+                    assert _same_spec(got, want), (spec_of(got), spec_of(want))
+                    rec = compiled(exp.call, *args)
+                    rec.update(spec=spec_of(got), table=t.nbytes, ndev=8, result=want.size)
+                    return rec
 
 
 # --- jax.export of sharded programs: serialized, deserialized, called on the mesh ---------
@@ -471,6 +554,42 @@ def export_checks():
                     return rec
 
 
+def export_memory_checks():
+    """The deserialized program, compiled on the mesh, keeps the direct jit's memory and
+    moves no float: forward and bare gradient, the table replicated or sharded along its
+    rows, the index sharded, both kinds of mesh axes. A table large enough that holding
+    its gradient whole on a device shows."""
+    rows, n = 65536, 2048
+    t = bits(np.float32, (rows, C))
+    idx = rng.integers(-3, rows + 3, n).astype(np.int32)
+    idx[::2] = rng.integers(0, 64, n // 2)  # rows that many devices add to
+    w = rng.standard_normal((n, C)).astype(np.float32)
+    progs = {"forward": lambda t, i, w: jax_ext.gather(t, [0], 0, i),
+             "grad": jax.grad(lambda t, i, w: jnp.sum(jax_ext.gather(t, [0], 0, i) * w))}
+    for kind, mesh in (("auto", MESH), ("explicit", EMESH)):
+        for table, tspec in (("replicated", P()), ("rows", P("x", None))):
+            for name, f in progs.items():
+                first = {}
+                for impl in IMPLS:
+                    @check(f"export_memory[{name},{table},{kind},{impl}]")
+                    def _():
+                        args = [put(a, mesh, s) for a, s in zip((t, idx, w), (
+                            tspec, P("x"), P("x", None)))]
+                        with jax_ext.implementation(impl):
+                            jf = jax.jit(f)
+                            direct = jf.lower(*args).compile().memory_analysis()
+                            want = jf(*args)
+                            exp = jax.export.export(jf, disabled_checks=jax_ext.export_checks())(
+                                *args)
+                        got = jax.export.deserialize(exp.serialize()).call(*args)
+                        same_bits(got, want)
+                        same_bits(got, first.setdefault("bits", np.asarray(got)))  # every path
+                        assert _same_spec(got, want), (spec_of(got), spec_of(want))
+                        rec = compiled(jax.export.deserialize(exp.serialize()).call, *args)
+                        rec.update(direct=int(direct.temp_size_in_bytes), table=t.nbytes)
+                        return rec
+
+
 def partitioning_checks():
     """Under jax_partitioning (jax 0.12+: an Explicit mesh's ops lowered through
     shard_map), forward and gradient of a row-sharded table, against the option off."""
@@ -497,11 +616,118 @@ def partitioning_checks():
             return rec
 
 
+# --- update_rows: a training step that costs the rows it touches -----------------------
+
+def _sparse_step(opt):
+    """Forward through gather, gradient rows that depend on the rows read, update_rows."""
+    def step(t, s, i, w):
+        rows = jax_ext.gather(t, [0], 0, i)
+        g = jax.grad(lambda r: jnp.sum(r * w) + jnp.sum(r * r) / 4)(rows)
+        return jax_ext.update_rows(opt, t, s, [0], 0, i, g)
+    return step
+
+
+def _tree_bits(got, want):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        same_bits(np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b)))
+
+
+def update_rows_checks():
+    """update_rows on a table sharded along its rows (auto and explicit axes, a 2-D mesh)
+    and on a replicated table with the index sharded: one device's bits for the table and
+    every state leaf (ids repeated across devices' blocks, out of range, negative), the
+    table and its state kept where they lie (donated: in place), and the collectives and
+    per-device memory read from the compiled program."""
+    import optax
+    n = 512
+    t = rng.standard_normal((R, C)).astype(np.float32)
+    idx = rng.integers(-3, R + 3, n).astype(np.int32)
+    idx[n - 64:] = idx[:64]  # the same rows in the first and the last device's blocks
+    w = rng.standard_normal((n, C)).astype(np.float32)
+    opts = {"sgd": optax.sgd(0.05), "adagrad": optax.adagrad(0.1), "adam": optax.adam(0.01)}
+    layouts = {"rows auto": (MESH, P("x", None), P("x")),
+               "rows explicit": (EMESH, P("x", None), P("x")),
+               "rows 2d": (MESH2, P("model", None), P("data")),
+               "replicated": (MESH, P(), P("x"))}
+    cases = [(o, lay) for o in ("sgd", "adagrad") for lay in layouts] + [("adam", "rows auto")]
+    one = jax.devices()[0]
+    for name, lay in cases:
+        opt, (mesh, tspec, ispec) = opts[name], layouts[lay]
+        s0 = opt.init(t)
+        want = jax.jit(_sparse_step(opt))(*(jax.device_put(a, one) for a in (t, s0, idx, w)))
+        for impl in IMPLS:
+            @check(f"update[{name},{lay},{impl}]")
+            def _():
+                leaf = lambda x: put(np.asarray(x), mesh, tspec if x.shape == t.shape else P())  # noqa: E731
+                args = (put(t, mesh, tspec), jax.tree.map(leaf, s0), put(idx, mesh, ispec),
+                        put(w, mesh, P(*ispec, None)))
+                f = jax.jit(_sparse_step(opt), donate_argnums=(0, 1))
+                with jax_ext.implementation(impl):
+                    rec = compiled_donated(f, *args)
+                    rec["explain"] = [d.reason for d in jax_ext.explain(_sparse_step(opt), *args)
+                                      if d.op == "update_rows"]
+                    out = f(*args)
+                _tree_bits(out, want)
+                if lay == "replicated":  # every device holds the same, one device's, bits
+                    for sh in out[0].addressable_shards:
+                        same_bits(sh.data, np.asarray(want[0]))
+                rec.update(spec=spec_of(out[0]),
+                           state=[spec_of(x) for x in jax.tree.leaves(out[1]) if x.ndim == 2],
+                           table=t.nbytes, grads=w.nbytes, ndev=8)
+                return rec
+
+
+def compiled_donated(f, *args):
+    c = f.lower(*args).compile()
+    m = c.memory_analysis()
+    return {"collectives": collectives(c.as_text()), "conversions": conversions(c.as_text()),
+            "temp": int(m.temp_size_in_bytes), "alias": int(m.alias_size_in_bytes)}
+
+
+def update_rows_export_checks():
+    """The same step exported, serialized, deserialized and called on the mesh: the
+    direct jit's bits and shardings (optax's states are no serializable pytree: flat
+    leaves)."""
+    import optax
+    n = 512
+    t = rng.standard_normal((R, C)).astype(np.float32)
+    idx = rng.integers(-3, R + 3, n).astype(np.int32)
+    idx[n - 64:] = idx[:64]  # the same rows in the first and the last device's blocks
+    w = rng.standard_normal((n, C)).astype(np.float32)
+    opt = optax.adagrad(0.1)
+    s0 = opt.init(t)
+    tree = jax.tree.structure(s0)
+
+    def step(t, leaves, i, w):
+        t, s = _sparse_step(opt)(t, jax.tree.unflatten(tree, leaves), i, w)
+        return t, jax.tree.leaves(s)
+    for kind, mesh in (("auto", MESH), ("explicit", EMESH)):
+        for impl in IMPLS:
+            @check(f"update_export[{kind},{impl}]")
+            def _():
+                args = (put(t, mesh, P("x", None)),
+                        [put(np.asarray(x), mesh, P("x", None) if x.shape == t.shape else P())
+                         for x in jax.tree.leaves(s0)],
+                        put(idx, mesh, P("x")), put(w, mesh, P("x", None)))
+                with jax_ext.implementation(impl):
+                    want = jax.jit(step)(*args)
+                    exp = jax.export.export(jax.jit(step),
+                                            disabled_checks=jax_ext.export_checks())(*args)
+                back = jax.export.deserialize(exp.serialize())
+                got = back.call(*args)
+                _tree_bits(got, want)
+                assert spec_of(got[0]) == spec_of(want[0]), (spec_of(got[0]), spec_of(want[0]))
+                rec = compiled(back.call, *args)
+                rec.update(spec=spec_of(got[0]), table=t.nbytes, grads=w.nbytes, ndev=8)
+                return rec
+
+
 if __name__ == "__main__":
     outdir = sys.argv[1]
     assert len(DEV) == 8, DEV
     for run in (forward_checks, explicit_checks, auto_grad_checks, step_checks, other_checks,
-                reshard_checks, export_checks):
+                reshard_checks, subbyte_checks, export_checks, subbyte_export_checks,
+                export_memory_checks, update_rows_checks, update_rows_export_checks):
         run()
     if "jax_partitioning" in jax.config.values:  # jax 0.12+
         partitioning_checks()

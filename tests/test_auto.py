@@ -221,6 +221,10 @@ TABLE = {
     "scatter_add.lax.s_per_ct_byte": 2e-10, "scatter_add.lax.s_per_out_byte": 1e-10,
     "scatter_add.native.s0": 5e-6, "scatter_add.native.s_per_row": 2e-9,
     "scatter_add.native.s_per_ct_byte": 1e-10, "scatter_add.native.s_per_out_byte": 0.5e-10,
+    "update_rows.lax.s0": 50e-6, "update_rows.lax.s_per_row": 2e-9,
+    "update_rows.lax.s_per_byte": 1e-10,
+    "update_rows.native.s0": 10e-6, "update_rows.native.s_per_row": 5e-9,
+    "update_rows.native.s_per_byte": 1e-10,
     "fresh.lax.s_per_byte": 2e-10, "fresh.native.s_per_byte": 2e-11,
     "materialize.s0": 5e-6, "materialize.s_per_byte": 1e-9,
 }
@@ -418,6 +422,28 @@ def test_scatter_add_is_judged_by_its_zero_filled_result(table):
     assert np.isclose(extra[1], TABLE["scatter_add.native.s_per_out_byte"] * grow
                       + TABLE["fresh.native.s_per_byte"] * (9 << 15) * 128)
     assert "zero-filled result" in big.reason and big.impl == "native"
+
+
+def test_update_rows_is_judged_by_its_indices_and_rows(table):
+    """Per index (times log2 n on the lax side, which sorts) and per byte of the gradient
+    rows and of the rows read and written (one table row each per leaf): the estimates
+    are the table's terms, and the reason names the step's sizes."""
+    import optax
+    opt = optax.adagrad(0.1)
+    t = np.ones((4096, 32), np.float32)
+    for n in (64, 4096):
+        i, g = np.arange(n, dtype=np.int32), np.ones((n, 32), np.float32)
+        (d,) = [d for d in jax_ext.explain(
+            lambda t, i, g: jax_ext.update_rows(opt, t, opt.init(t), [0], 0, i, g)[0], t, i, g)
+            if d.op == "update_rows"]
+        moved = n * 32 * 4 * (1 + 2 * 2)  # the gradient rows; the table's and one leaf's
+        assert np.isclose(d.est_native_s, TABLE["update_rows.native.s0"] + TABLE[
+            "update_rows.native.s_per_row"] * n + TABLE["update_rows.native.s_per_byte"] * moved)
+        assert np.isclose(d.est_lax_s, TABLE["update_rows.lax.s0"] + TABLE[
+            "update_rows.lax.s_per_row"] * n * np.log2(n) + TABLE["update_rows.lax.s_per_byte"]
+            * moved)
+        assert f"{n * 128} bytes of gradient rows into a {t.nbytes}-byte table" in d.reason
+    assert d.impl == "native"
 
 
 def test_explain_reports_requested_implementation_and_call_site(table):

@@ -18,7 +18,7 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jax_ext.__file__)))
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 EXPECTED = {"quickstart", "openvino_onednn_select", "onnx_where", "tensorflow_where3",
             "ascend_gather", "training_step", "sharding", "export", "data_parallel",
-            "onnx_round_trip"}
+            "onnx_round_trip", "embedding_training"}
 # Fragments included into pages (`{include}`), not pages: their blocks run with the page.
 DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md")
                    if "_build" not in p.parts and "_generated" not in p.parts
@@ -120,7 +120,7 @@ def test_no_machine_paths_or_run_stamps_in_user_docs():
 
 DOCTEST = """
 import doctest, jax_ext
-owned = {"select", "where", "where3", "gather", "implementation", "native_available",
+owned = {"select", "where", "where3", "gather", "update_rows", "implementation", "native_available",
          "native_error", "export_checks"}
 finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(verbose=False)
 for name in jax_ext.__all__:

@@ -597,6 +597,66 @@ def ffi_v2_rows_hostile():
 
 # --- direct FFI calls -----------------------------------------------------------------
 
+@child
+def ffi_update_rows_hostile():
+    """update_rows' read and write kernels, called directly: shapes that disagree, ids out
+    of range, wrong dtypes and counts of operands are errors naming them, before a byte is
+    read or written; wild ids read no row."""
+    def read(*ops, m=3, ids_dt=jnp.int32, rows=None, **kw):
+        t = ops[5]
+        row = (m,) + t.shape[1:] if rows is None else rows
+        outs = [jax.ShapeDtypeStruct((m,), ids_dt), jax.ShapeDtypeStruct(row, t.dtype),
+                jax.ShapeDtypeStruct((), ids_dt)] + [
+            jax.ShapeDtypeStruct(row, x.dtype) for x in ops[5:]]
+        f = jax.ffi.ffi_call("jax_ext_update_rows_read_v1", outs)
+        return jax.block_until_ready(f(*ops, **_attrs(dict(dict(dim=0, nbatch=0,
+                                                               check_bounds=True), **kw))))
+
+    def write(ids, *ops, nbatch=0, outs=None):
+        k = len(ops) // 2
+        f = jax.ffi.ffi_call("jax_ext_update_rows_write_v1", [
+            jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (outs or ops[:k])])
+        return jax.block_until_ready(f(ids, *ops, nbatch=np.int64(nbatch)))
+    t = jnp.asarray(np.arange(20, dtype=np.float32).reshape(5, 4))
+    offs, num, first = jnp.array([0], jnp.int32), jnp.array(4, jnp.int32), jnp.array(0, jnp.int32)
+    idx = jnp.array([1, 4, 1, 9], jnp.int64)  # a repeat and a row out of range
+    g = jnp.ones((4, 4), jnp.float32)
+    ids, sums, count, rows = read(offs, idx, num, first, g, t, m=4)
+    assert np.asarray(ids).tolist() == [1, 4, -1, -1] and int(count) == 2
+    assert np.asarray(sums)[:, 0].tolist() == [2.0, 1.0, 0.0, 0.0]
+    for ops, kw, msg in (
+            ((offs, idx, num, first, g[:, :2], t), {}, "row_len 2 is shorter than the last"),
+            ((offs, idx, num, first, g.astype(jnp.float16), t), {}, "differ in dtype"),
+            ((offs, idx.astype(jnp.float32), num, first, g, t), {}, "integer dtype"),
+            ((offs, idx, num, first.astype(jnp.float32), g, t), {}, "first must be int32"),
+            ((offs, idx, num, first.reshape(1), g, t), {}, "first (1,) must have rank"),
+            ((offs, idx, num, first, g, t, t[:2]), {}, "differs from the table"),
+            ((offs, idx, num, first, g, t), {"rows": (3, 3)}, "sums must hold unpadded rows"),
+            ((offs, idx, num, first, g, t), {"nbatch": 3}, "nbatch = 3: an operand"),
+            ((offs, idx, num, first, g, t), {"dim": 1}, "has no dim 1 before its last")):
+        expect_invalid(msg, read, *ops, **kw)
+    expect_invalid("ids and count must both be int32", read, offs, idx, num, first, g, t,
+                   ids_dt=jnp.float32)
+    for dt in SUB_BYTE:
+        expect_invalid("sub-byte", read, offs, idx, num, first, g.astype(dt), t.astype(dt))
+    # the write: every id checked before a byte is written
+    new = jnp.full((3, 4), 7.0, jnp.float32)
+    got = write(jnp.array([4, -1, 0], jnp.int32), t, new)
+    want = np.arange(20, dtype=np.float32).reshape(5, 4)
+    want[[4, 0]] = 7.0
+    assert_bits_equal(got[0], want)
+    for bad in (5, -2, I64_MAX, I64_MIN):
+        expect_invalid("outside [-1, 5)", write, jnp.array([0, bad, 1], jnp.int64), t, new)
+    expect_invalid("do not fit", write, jnp.array([0, 1], jnp.int32), t, new)
+    expect_invalid("do not fit", write, jnp.array([0, 1, 2], jnp.int32), t,
+                   new.astype(jnp.float16))
+    expect_invalid("expected leaves, their new rows", write, jnp.array([0, 1, 2], jnp.int32),
+                   t, new, t)
+    expect_invalid("ids must be int32 or int64", write, jnp.array([0.0, 1.0, 2.0]), t, new)
+    expect_invalid("nbatch = -1 out of range", write, jnp.array([0, 1, 2], jnp.int32), t, new,
+                   nbatch=-1)
+
+
 def _attrs(kw):
     out = {}
     for k, v in kw.items():

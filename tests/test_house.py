@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(FFI), reason="needs the source
 LAYERS = [
     {"jax_ext", "jax_ext.bench", "jax_ext.bench.*", "jax_ext.onnx", "jax_ext.onnx.*"},
     # an op's front-end and rules (gather's partitioning split from its rules by role)
-    {m for o in _names.OPS for m in (o.front_end, o.rules) if m} | {"jax_ext._gather_partition"},
+    {m for o in _names.OPS for m in (o.front_end, o.rules) if m} | {
+        "jax_ext._gather_partition", "jax_ext._update_rows_partition"},
     {"jax_ext._rows", "jax_ext._lowering", "jax_ext._partition", "jax_ext._primitives",
      "jax_ext._gather_args", "jax_ext._eager", "jax_ext._shard_like"},
     {"jax_ext.auto", "jax_ext.auto.*", "jax_ext._native"},

@@ -105,3 +105,16 @@ def test_row_sharded_table_across_processes(request, impl, layout):
     for k, res in enumerate(results):
         assert name in res, f"process {k}: {name} did not run"
         assert res[name]["ok"], f"process {k}: {res[name].get('error')}"
+
+
+@pytest.mark.parametrize("layout", ["2x2", "2x4"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_update_rows_on_a_row_sharded_table_across_processes(request, impl, layout):
+    """update_rows on a table and its state sharded along their rows over both processes'
+    devices: each process holds its rows with one device's bits; no collective carries the
+    table or a float (tests/multiprocess_child.py)."""
+    name = f"update_rows[{impl}]"
+    results = request.getfixturevalue("results" if layout == "2x2" else "results_2x4")
+    for k, res in enumerate(results):
+        assert name in res, f"process {k}: {name} did not run"
+        assert res[name]["ok"], f"process {k}: {res[name].get('error')}"

@@ -16,9 +16,9 @@ def test_compiled_module_registers_exactly_the_named_targets():
 
 
 def test_primitives_and_targets_carry_the_table_s_names():
-    from jax_ext import _gather, _scatter_add, _select
-    assert [_select.select_p.name, _gather.gather_p.name, _scatter_add.scatter_add_p.name] == [
-        o.primitive for o in _names.OPS]
+    from jax_ext import _gather, _scatter_add, _select, _update_rows
+    assert [_select.select_p.name, _gather.gather_p.name, _scatter_add.scatter_add_p.name,
+            _update_rows.update_rows_p.name] == [o.primitive for o in _names.OPS]
     for o in _names.OPS:
         assert o.targets[-1] == o.target and all(t.startswith(o.primitive) for t in o.targets)
         assert {o.primitive, *o.shard_primitives} <= _names.PRIMITIVES

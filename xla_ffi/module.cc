@@ -8,11 +8,14 @@
 
 namespace nb = nanobind;
 
-// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc, gather.cc and scatter_add.cc.
+// Defined with XLA_FFI_DEFINE_HANDLER_SYMBOL in select.cc, gather.cc, scatter_add.cc and
+// update_rows.cc.
 namespace jax_ext {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(UpdateRowsReadHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(UpdateRowsWriteHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SelectShapeAttrsHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(GatherShapeAttrsHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ScatterAddShapeAttrsHandler);
@@ -37,6 +40,9 @@ NB_MODULE(_jax_ext, m) {
     d["jax_ext_select_v2"] = Capsule(jax_ext::SelectHandler);
     d["jax_ext_gather_v2"] = Capsule(jax_ext::GatherHandler);
     d["jax_ext_scatter_add_v2"] = Capsule(jax_ext::ScatterAddHandler);
+    // update_rows: its two kernels, around the optimizer's arithmetic.
+    d["jax_ext_update_rows_read_v1"] = Capsule(jax_ext::UpdateRowsReadHandler);
+    d["jax_ext_update_rows_write_v1"] = Capsule(jax_ext::UpdateRowsWriteHandler);
     // Programs exported by jax_ext 0.1.0 with static shapes: shapes and strides as
     // attributes, checked against the buffers, then the same kernels.
     d["jax_ext_select_v1"] = Capsule(jax_ext::SelectShapeAttrsHandler);

@@ -77,6 +77,16 @@ class ScatterSide:
 
 
 @dataclass(frozen=True)
+class UpdateRowsSide:
+    """update_rows' read and write (the optimizer's arithmetic between them costs both
+    sides alike): per call, per index (the lax side sorts the ids: times log2 of their
+    number there), per byte of the gradient rows and of the rows read and written."""
+    s0: float
+    s_per_row: float
+    s_per_byte: float
+
+
+@dataclass(frozen=True)
 class FreshSide:
     s_per_byte: float  # mapping a result above the mmap threshold, per result byte
 
@@ -111,6 +121,7 @@ class CostTable:
     select: Sides[SelectSide, SelectSide]
     gather: Sides[GatherLax, GatherNative]
     scatter_add: Sides[ScatterSide, ScatterSide]
+    update_rows: Sides[UpdateRowsSide, UpdateRowsSide]
     fresh: Sides[FreshSide, FreshSide]
     materialize: Materialize
     # "select.native.s0" -> what it was fitted on (one description per constant)

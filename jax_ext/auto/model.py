@@ -146,12 +146,27 @@ def scatter_add(site: Site, t: CostTable, ctx: Any, nbatch: int) -> tuple[float,
     return est[0], est[1]
 
 
+def update_rows(site: Site, t: CostTable, ctx: Any, nbatch: int) -> tuple[float, float]:
+    """(native, lax) seconds for update_rows' read and write: per index (the lax side sorts
+    the ids), and the gradient rows plus the rows of the table and of each table-shaped
+    state leaf, each read and written once (about the gradient's bytes per leaf)."""
+    avals = ctx.avals_in
+    n = max(2, math.prod(int(d) for d in avals[2].shape))  # the index, with its batch
+    grads = site.operands[4].nbytes
+    leaves = 1 + sum(1 for a in avals[5:] if tuple(a.shape) == tuple(avals[0].shape))
+    moved = grads * (1 + 2 * leaves)
+    nat, lax = t.update_rows.native, t.update_rows.lax
+    return (nat.s0 + nat.s_per_row * n + nat.s_per_byte * moved,
+            lax.s0 + lax.s_per_row * n * math.log2(n) + lax.s_per_byte * moved)
+
+
 # An estimator: (native, lax) seconds at a call site, from its Site, the table, the
 # lowering context (the shapes) and the number of leading batch dims.
 Estimator = Callable[[Site, CostTable, Any, int], tuple[float, float]]
 # One per op, under its OpSpec.op (tests/test_names.py checks that every op has one).
 ESTIMATORS: dict[str, Estimator] = {
-    _names.SELECT.op: select, _names.GATHER.op: gather, _names.SCATTER_ADD.op: scatter_add}
+    _names.SELECT.op: select, _names.GATHER.op: gather, _names.SCATTER_ADD.op: scatter_add,
+    _names.UPDATE_ROWS.op: update_rows}
 
 
 def estimate(spec: _names.OpSpec, site: Site, t: CostTable, ctx: Any,
@@ -165,7 +180,10 @@ def decide(spec: _names.OpSpec, site: Site, t: CostTable, ctx: Any,
     """The cheaper side by the estimates, within the table's margin."""
     native, lax = estimate(spec, site, t, ctx, params)
     notes = site.notes()
-    if not spec.lax_fuses:  # what surrounds the call costs both sides alike: the sizes say it
+    if spec is _names.UPDATE_ROWS:  # the step's rows, in a table left where it is
+        notes = (f"{site.operands[4].nbytes} bytes of gradient rows into a "
+                 f"{site.out_bytes}-byte table")
+    elif not spec.lax_fuses:  # what surrounds the call costs both sides alike: the sizes say it
         notes = (f"{site.operands[0].nbytes} {spec.operands[0]} bytes into a "
                  f"{site.out_bytes}-byte zero-filled result")
     return Choice(native < lax * t.structure.native_margin,

@@ -409,6 +409,54 @@ def _fit_row_ratios(fit: _Fit, rng: np.random.Generator, quick: bool, log: Log) 
                 "result, fixed costs taken off")
 
 
+class _Sgd:
+    """A plain SGD step for update_rows (optax's sgd, which the benchmark does not need)."""
+
+    def init(self, params: jax.Array) -> tuple[()]:
+        return ()
+
+    def update(self, g: jax.Array, state: tuple[()], params: jax.Array | None = None
+               ) -> tuple[jax.Array, tuple[()]]:
+        return -0.01 * g, state
+
+
+# update_rows: (rows, row length, indices) on one 4 MiB table, in place in a loop of steps.
+_UPDATE_QUICK = [(16384, 64, 256), (16384, 64, 4096), (16384, 16, 16384)]
+_UPDATE_FULL = _UPDATE_QUICK + [(16384, 64, 1024), (16384, 64, 16384), (16384, 16, 1024),
+                                (65536, 16, 65536)]
+_STEPS = 64  # steps per timed call: the table's copy into the loop is spread over them
+
+
+def _fit_update_rows(fit: _Fit, rng: np.random.Generator, quick: bool, log: Log) -> None:
+    """update_rows' read and write by least squares, from a loop of SGD steps on one table
+    (the step's arithmetic is the same on both sides): per call, per index (times log2 n
+    on the lax side, which sorts), per byte of gradient rows (each touched row is read and
+    written once)."""
+    opt = _Sgd()
+
+    def steps(t: jax.Array, i: jax.Array, g: jax.Array) -> jax.Array:
+        body = lambda _, t: jax_ext.update_rows(opt, t, (), [0], 0, i, g)[0]  # noqa: E731
+        out: jax.Array = jax.lax.fori_loop(0, _STEPS, body, t)
+        return out
+    pts: dict[str, list[Point]] = {"native": [], "lax": []}
+    for rows, cols, k in (_UPDATE_QUICK if quick else _UPDATE_FULL):
+        t = jnp.asarray(rng.standard_normal((rows, cols)).astype(np.float32))
+        i = jnp.asarray(rng.integers(0, rows, k).astype(np.int32))
+        g = jnp.asarray(rng.standard_normal((k, cols)).astype(np.float32))
+        tm = _timer(_both(steps), (t, i, g), *_reps(k * cols * _F32 * _STEPS, quick))
+        log(f"  update_rows {rows}x{cols} n={k}: native {tm['native'] / _STEPS * 1e6:.1f} "
+            f"us, lax {tm['lax'] / _STEPS * 1e6:.1f} us per step")
+        grads = k * cols * _F32 * 3  # the gradient rows, the table's rows read and written
+        pts["native"].append(([1.0, k, grads], tm["native"] / _STEPS))
+        pts["lax"].append(([1.0, k * np.log2(max(k, 2)), grads], tm["lax"] / _STEPS))
+    for impl, p in pts.items():
+        for key, v in _fit(p, ["s0", "s_per_row", "s_per_byte"], log,
+                           f"update_rows {impl}").items():
+            fit.set(f"update_rows.{impl}.{key}", v,
+                    f"{impl}: a loop of SGD steps of update_rows on a 4 MiB f32 table, "
+                    f"{len(p)} shapes (row length x indices)")
+
+
 def calibrate(quick: bool, machine: str, log: Log = print) -> costs.CostTable:
     """Times this machine and fits every constant of the cost table."""
     rng = np.random.default_rng(0)
@@ -427,6 +475,8 @@ def calibrate(quick: bool, machine: str, log: Log = print) -> costs.CostTable:
     _fit_fresh(fit, quick, log)
     _fit_gather(fit, gp, nshapes, log)
     _fit_scatter(fit, sp, ntables, log)
+    with _no_fresh_mappings():
+        _fit_update_rows(fit, rng, quick, log)
     with _no_fresh_mappings():
         _fit_row_ratios(fit, rng, quick, log)
     return costs.from_flat(machine, fit.values, fit.about)  # checks every constant is there

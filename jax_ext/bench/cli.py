@@ -143,13 +143,14 @@ def all_cases(quick: bool, devices: int = 0, sites: tuple[int, int] | None = Non
     """Every case of a run, in the order they run: the full sweep's (`full`) or the
     default run's selection; `sites`: the overhead group's two numbers of call sites
     (default: those of the full sweep, or of --quick)."""
-    from . import gather, overhead, programs
+    from . import gather, overhead, programs, training
     cases = select_cases(quick, full)
     if devices > 1:
         from . import sharded
         cases += sharded.cases(quick, devices)
     sites = sites or (overhead.SITES_QUICK if quick else overhead.SITES_FULL)
     return (cases + gather.cases(quick, full) + programs.cases(quick, full)
+            + training.cases(quick, full)
             + overhead.cases(sites))
 
 

@@ -36,7 +36,7 @@ class Case(TypedDict):
     elements: int
     bytes: int  # read and written, for GB/s
     make: Callable[[], Made]
-    chain: bool  # donated: each call's result is the next call's operand
+    chain: bool  # donated: each call's results are the next call's operands from the second
     kind: str  # one of kinds.KINDS
     x64: NotRequired[bool]  # made, traced and timed with x64 on
     onnx: NotRequired[Callable[[Host], Ort | None]]  # None without onnxruntime

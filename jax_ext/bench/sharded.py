@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._gather import gather
 from .._select import where
+from . import training
 from .records import Case, Made, Shape
 from .kinds import SINGLE
 
@@ -172,4 +173,4 @@ def cases(quick: bool, devices: int) -> list[Case]:
         _train_step(mesh, f"shard train step rows sharded ({rows},{d}) n={few} {tag}", rows, d,
                     few),
         _train_step(mesh, f"shard train step rows sharded ({rows},{d}) n={n} {tag}", rows, d, n),
-    ]
+    ] + training.sharded_cases(mesh, tag)

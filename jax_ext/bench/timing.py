@@ -69,8 +69,9 @@ def _jax_side(fn: JaxFn, args: Args, pattern: str, host: Host, like: Args, chain
             ready(out)
             dt = time.perf_counter() - t0
             df = _faults() - f0
-        if pattern != "fresh" and chain:  # donated: the output is the next operand
-            state["args"] = (a[0], out) + tuple(a[2:])
+        if pattern != "fresh" and chain:  # donated: the outputs are the next operands
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            state["args"] = (a[0], *outs) + tuple(a[1 + len(outs):])
         return dt, df
     return call
 
