@@ -220,8 +220,11 @@ def _gather_native(ctx: _lowering.Ctx, src: ir.Value[Any], offsets: ir.Value[Any
                    row_len: int, check_bounds: bool, nbatch: int,
                    impl: str) -> _compat.IrValues | None:
     avals: Sequence[Aval] = ctx.avals_in
-    if not (_lowering.native_dtype_ok(avals[0].dtype, _names.GATHER)
-            and _lowering.native_dtype_ok(avals[2].dtype)):  # int4/uint4 src or index
+    # A packed src, index or pad_value runs through lax, and so does a packed table's
+    # uint8 codes (the wire values of a src that crossed devices) beside its packed
+    # pad_value: the kernel moves elements by width, and a code is not its element's width.
+    if not all(_lowering.native_dtype_ok(a.dtype, _names.GATHER if k == 0 else None)
+               for k, a in ((0, avals[0]), (2, avals[2]), (4, avals[4]))):
         return None
     # The kernel reads every size from the buffers (static or symbolic alike).
     return _lowering.ffi_call(ctx, _names.GATHER.target, (src, offsets, index, num, pad),
