@@ -166,28 +166,77 @@ OPTS = {"sgd": lambda: optax.sgd(0.05), "adagrad": lambda: optax.adagrad(0.1),
         "adam": lambda: optax.adam(0.01), "momentum": lambda: optax.sgd(0.05, momentum=0.9)}
 
 
+def _contracts_by_position():
+    """Does this XLA:CPU fuse a multiply-add into an FMA for some elements of one
+    elementwise program and not for others, by their position in the array? (jax 0.12's
+    does; jax 0.10's contracts every element alike.) Then the same arithmetic on the same
+    values gives other bits in a table of another shape, the dense step's own included."""
+    rng = np.random.default_rng(0)
+    t, x = (rng.standard_normal(185).astype(F32) for _ in range(2))
+    a = x * x  # adagrad's last step: t + (x * rsqrt(a + eps)) * -lr
+    f = jax.jit(lambda t, x, a: t + (x * jax.lax.rsqrt(a + F32(1e-7))) * F32(-0.1))
+    flat = np.asarray(f(t, x, a)).view(np.uint32)
+    rows = np.asarray(f(*(v.reshape(37, 5) for v in (t, x, a)))).reshape(-1).view(np.uint32)
+    return bool((flat != rows).any())
+
+
+CONTRACTS_BY_POSITION = _contracts_by_position()
+
+
+def assert_one_contraction_apart(got, want, table, g, state, name, lr):
+    """Where XLA contracts by position: the last operation of sgd's and adagrad's step is
+    ``table + x * -lr`` (x: the gradient, times adagrad's rsqrt of its new sum of squares);
+    each element of `got` and of `want` is that multiply-add rounded once (an FMA) or
+    twice, and equal to `want` wherever the two roundings agree."""
+    x = np.asarray(g, F32)
+    if name == "adagrad":
+        acc = jax.tree.leaves(state)[0]
+        x = x * np.asarray(jax.jit(lambda a: jnp.where(a > 0, jax.lax.rsqrt(a + F32(1e-7)),
+                                                       0))(acc))
+    c = F32(-lr)
+    t = np.asarray(table, F32)
+    twice = (t + x * c).view(np.uint32)
+    once = (t.astype(np.float64) + x.astype(np.float64) * np.float64(c)).astype(F32)
+    once = once.view(np.uint32)
+    got, want = (np.asarray(a).view(np.uint32) for a in (got, want))
+    for a in (got, want):
+        assert ((a == twice) | (a == once)).all(), "not the step's multiply-add"
+    assert (got[twice == once] == want[twice == once]).all()
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16])
 @pytest.mark.parametrize("name", ["sgd", "adagrad"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_sgd_and_adagrad_equal_the_dense_step_bit_for_bit(impl, name, dtype):
-    """The whole table and state after two steps (repeated, out-of-range and negative
-    ids, num_indices, padding columns, dims before dim)."""
+    """The whole table and state after each of two steps, from the same table and state
+    (repeated, out-of-range and negative ids, num_indices, padding columns, dims before
+    dim). Where XLA contracts multiply-adds by an element's position
+    (CONTRACTS_BY_POSITION: the dense step's float32 bits then depend on the table's
+    shape), the float32 table's elements are its step's multiply-add rounded once or
+    twice, and the dense step's wherever those agree; the state stays bit for bit."""
     rng = np.random.default_rng(2)
     opt = OPTS[name]()
+    lr = {"sgd": 0.05, "adagrad": 0.1}[name]
     for shape, offsets, dim, ids, num, _, _ in cases()[:3]:
         table = jnp.asarray(rng.standard_normal(shape).astype(dtype))
         n, row = len(ids), jax_ext.gather(table, offsets, dim, ids).shape[1:]
         w = jnp.asarray(rng.standard_normal((n,) + row).astype(dtype))
         dense = dense_step(opt, offsets, dim, ids, loss, num_indices=num)
+        grad = jax.jit(jax.grad(lambda t, w: loss(
+            jax_ext.gather(t, offsets, dim, ids, num_indices=num), w)))
         with jax_ext.implementation(impl):
             sparse = sparse_step(opt, offsets, dim, ids, loss, num_indices=num)
-            td, sd, ts, ss = table, opt.init(table), copy(table), copy(opt.init(table))
+            td, sd = table, opt.init(table)
             for _ in range(2):
-                td, sd = dense(td, sd, w)
-                ts, ss = sparse(ts, ss, w)
-        assert_bits_equal(ts, td)
-        for a, b in zip(jax.tree.leaves(ss), jax.tree.leaves(sd)):
-            assert_bits_equal(a, b)
+                ts, ss = sparse(copy(td), copy(sd), w)
+                g = grad(td, w)
+                t_in, (td, sd) = td, dense(td, sd, w)
+                for a, b in zip(jax.tree.leaves(ss), jax.tree.leaves(sd)):
+                    assert_bits_equal(a, b)
+                if CONTRACTS_BY_POSITION and dtype == F32:
+                    assert_one_contraction_apart(ts, td, t_in, g, sd, name, lr)
+                else:
+                    assert_bits_equal(ts, td)
 
 
 @pytest.mark.parametrize("name", ["adam", "momentum"])
