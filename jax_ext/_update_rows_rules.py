@@ -84,6 +84,13 @@ def apply(opt: Any, treedef: Any, rows_at: Sequence[int], sums: jax.Array,
             [x for i, x in enumerate(leaves) if i not in at])
 
 
+def _per_batch(fn: Callable[..., Any], nbatch: int) -> Callable[..., Any]:
+    """`fn` of one batch element, mapped over the `nbatch` leading dims of every operand."""
+    for _ in range(nbatch):
+        fn = jax.vmap(fn)
+    return fn
+
+
 def _merge(rows_at: Sequence[int], rows: Sequence[Any], other: Sequence[Any]) -> list[Any]:
     """The state's leaves in its own order, from the row leaves (at `rows_at`) and the
     others."""
@@ -106,10 +113,9 @@ def _step(read: Callable[..., Read], write: Callable[..., list[jax.Array]], tabl
     row_leaves, other = list(leaves[:k]), list(leaves[k:])
     m = n if not 0 < window < n else window
     nrows = math.prod(table.shape[nbatch:nbatch + dim + 1])
-    step: Callable[..., tuple[list[jax.Array], list[jax.Array]]] = functools.partial(
-        apply, opt.opt, treedef, rows_at)
-    for _ in range(nbatch):  # each batch element is a table of its own
-        step = jax.vmap(step)
+    # each batch element is a table of its own
+    step: Callable[..., tuple[list[jax.Array], list[jax.Array]]] = _per_batch(
+        functools.partial(apply, opt.opt, treedef, rows_at), nbatch)
 
     def one(first: jax.Array, tables: list[jax.Array]
             ) -> tuple[list[jax.Array], list[jax.Array], jax.Array]:
@@ -182,10 +188,9 @@ def _lax_read(table: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
               first: jax.Array, grads: jax.Array, row_leaves: Sequence[jax.Array], *,
               dim: int, nbatch: int, m: int) -> Read:
     if nbatch:
-        one = functools.partial(_lax_read, dim=dim, nbatch=0, m=m)
-        for _ in range(nbatch):
-            one = jax.vmap(one)
-        return one(table, offsets, index, num, first, grads, list(row_leaves))
+        read: Read = _per_batch(functools.partial(_lax_read, dim=dim, nbatch=0, m=m), nbatch)(
+            table, offsets, index, num, first, grads, list(row_leaves))
+        return read
     sshape = table.shape
     rows = math.prod(sshape[:dim + 1])
     row_shape = tuple(sshape[dim + 1:])
@@ -209,10 +214,10 @@ def _lax_read(table: jax.Array, offsets: jax.Array, index: jax.Array, num: jax.A
 def _lax_write(ids: jax.Array, leaves: Sequence[jax.Array], new_rows: Sequence[jax.Array], *,
                nbatch: int, rows: int) -> list[jax.Array]:
     if nbatch:
-        one = functools.partial(_lax_write, nbatch=0, rows=rows)
-        for _ in range(nbatch):
-            one = jax.vmap(one)
-        return one(ids, list(leaves), list(new_rows))
+        written: list[jax.Array] = _per_batch(
+            functools.partial(_lax_write, nbatch=0, rows=rows), nbatch)(
+            ids, list(leaves), list(new_rows))
+        return written
     at = jnp.where(ids < 0, rows, ids)
     out = []
     for x, r in zip(leaves, new_rows):
